@@ -1,0 +1,242 @@
+//! Entry points whose C signature is the same in several ABI versions.
+
+use super::ffi::{boundary, out};
+use super::types::*;
+use crate::error::{Error, Result};
+use crate::plugin;
+use std::ffi::{c_int, c_void};
+
+pub unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
+    boundary("devices", || out(ndev, "ndev", plugin::ndevices()?))
+}
+
+pub unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, lc: *mut *mut c_void) -> ncclResult_t {
+    boundary("listen", || {
+        super::ffi::nonnull(lc, "listenComm")?;
+        out(lc, "listenComm", plugin::listen(dev, handle)?)
+    })
+}
+
+pub unsafe extern "C" fn ctx_listen(ctx: *mut c_void, dev: c_int, handle: *mut c_void, lc: *mut *mut c_void) -> ncclResult_t {
+    boundary("listen", || {
+        plugin::ctx_check(ctx)?;
+        super::ffi::nonnull(lc, "listenComm")?;
+        out(lc, "listenComm", plugin::listen(dev, handle)?)
+    })
+}
+
+pub unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut *mut c_void) -> ncclResult_t {
+    boundary("connect", || {
+        super::ffi::nonnull(sc, "sendComm")?;
+        out(sc, "sendComm", plugin::connect(dev, handle)?)
+    })
+}
+
+/// v7–v9: the device handle out-param is for device offload, which rivet does not offer; it is
+/// left untouched.
+pub unsafe extern "C" fn connect_dev(
+    dev: c_int,
+    handle: *mut c_void,
+    sc: *mut *mut c_void,
+    _dc: *mut *mut ncclNetDeviceHandle_t,
+) -> ncclResult_t {
+    connect(dev, handle, sc)
+}
+
+pub unsafe extern "C" fn ctx_connect(
+    ctx: *mut c_void,
+    dev: c_int,
+    handle: *mut c_void,
+    sc: *mut *mut c_void,
+    _dc: *mut *mut ncclNetDeviceHandle_t,
+) -> ncclResult_t {
+    boundary("connect", || {
+        plugin::ctx_check(ctx)?;
+        super::ffi::nonnull(sc, "sendComm")?;
+        out(sc, "sendComm", plugin::connect(dev, handle)?)
+    })
+}
+
+pub unsafe extern "C" fn accept(lc: *mut c_void, rc: *mut *mut c_void) -> ncclResult_t {
+    boundary("accept", || {
+        super::ffi::nonnull(rc, "recvComm")?;
+        out(rc, "recvComm", plugin::accept(lc)?)
+    })
+}
+
+pub unsafe extern "C" fn accept_dev(
+    lc: *mut c_void,
+    rc: *mut *mut c_void,
+    _dc: *mut *mut ncclNetDeviceHandle_t,
+) -> ncclResult_t {
+    accept(lc, rc)
+}
+
+pub unsafe extern "C" fn reg_mr_int(comm: *mut c_void, data: *mut c_void, size: c_int, ty: c_int, mh: *mut *mut c_void) -> ncclResult_t {
+    boundary("regMr", || {
+        let size = usize::try_from(size).map_err(|_| Error::arg(format!("regMr with negative size {size}")))?;
+        super::ffi::nonnull(mh, "mhandle")?;
+        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty)?)
+    })
+}
+
+pub unsafe extern "C" fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: c_int, mh: *mut *mut c_void) -> ncclResult_t {
+    boundary("regMr", || {
+        super::ffi::nonnull(mh, "mhandle")?;
+        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty)?)
+    })
+}
+
+pub unsafe extern "C" fn reg_mr_dmabuf(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ty: c_int,
+    _offset: u64,
+    _fd: c_int,
+    mh: *mut *mut c_void,
+) -> ncclResult_t {
+    boundary("regMrDmaBuf", || {
+        super::ffi::nonnull(mh, "mhandle")?;
+        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty)?)
+    })
+}
+
+pub unsafe extern "C" fn dereg_mr(comm: *mut c_void, mh: *mut c_void) -> ncclResult_t {
+    boundary("deregMr", || plugin::dereg_mr(comm, mh))
+}
+
+fn send_size(size: i64) -> Result<usize> {
+    usize::try_from(size).map_err(|_| Error::arg(format!("isend with negative size {size}")))
+}
+
+pub unsafe extern "C" fn isend_int(
+    sc: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    tag: c_int,
+    mh: *mut c_void,
+    req: *mut *mut c_void,
+) -> ncclResult_t {
+    boundary("isend", || {
+        super::ffi::nonnull(req, "request")?;
+        out(req, "request", plugin::isend(sc, data, send_size(size as i64)?, tag, mh)?)
+    })
+}
+
+pub unsafe extern "C" fn isend(
+    sc: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mh: *mut c_void,
+    req: *mut *mut c_void,
+) -> ncclResult_t {
+    boundary("isend", || {
+        super::ffi::nonnull(req, "request")?;
+        out(req, "request", plugin::isend(sc, data, size, tag, mh)?)
+    })
+}
+
+pub unsafe extern "C" fn isend_p(
+    sc: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mh: *mut c_void,
+    _ph: *mut c_void,
+    req: *mut *mut c_void,
+) -> ncclResult_t {
+    isend(sc, data, size, tag, mh, req)
+}
+
+pub unsafe extern "C" fn irecv_int(
+    rc: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    tags: *mut c_int,
+    _mh: *mut *mut c_void,
+    req: *mut *mut c_void,
+) -> ncclResult_t {
+    boundary("irecv", || {
+        super::ffi::nonnull(req, "request")?;
+        super::ffi::nonnull(sizes, "sizes")?;
+        let size_of = |i: usize| {
+            let s = *sizes.add(i);
+            usize::try_from(s).map_err(|_| Error::arg(format!("irecv buffer {i} with negative size {s}")))
+        };
+        out(req, "request", plugin::irecv(rc, n, data, size_of, tags)?)
+    })
+}
+
+pub unsafe extern "C" fn irecv(
+    rc: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    _mh: *mut *mut c_void,
+    req: *mut *mut c_void,
+) -> ncclResult_t {
+    boundary("irecv", || {
+        // `*req` may hold NCCL_NET_OPTIONAL_RECV_COMPLETION on entry: a hint that the completion
+        // may be skipped. rivet completes every receive, so it is read as nothing more.
+        super::ffi::nonnull(req, "request")?;
+        super::ffi::nonnull(sizes, "sizes")?;
+        out(req, "request", plugin::irecv(rc, n, data, |i| Ok(*sizes.add(i)), tags)?)
+    })
+}
+
+pub unsafe extern "C" fn irecv_p(
+    rc: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mh: *mut *mut c_void,
+    _ph: *mut *mut c_void,
+    req: *mut *mut c_void,
+) -> ncclResult_t {
+    irecv(rc, n, data, sizes, tags, mh, req)
+}
+
+pub unsafe extern "C" fn iflush(
+    rc: *mut c_void,
+    n: c_int,
+    _data: *mut *mut c_void,
+    _sizes: *mut c_int,
+    _mh: *mut *mut c_void,
+    req: *mut *mut c_void,
+) -> ncclResult_t {
+    boundary("iflush", || {
+        super::ffi::nonnull(req, "request")?;
+        out(req, "request", plugin::iflush(rc, n)?)
+    })
+}
+
+pub unsafe extern "C" fn test(req: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> ncclResult_t {
+    boundary("test", || plugin::test(req, done, sizes))
+}
+
+pub unsafe extern "C" fn close_send(sc: *mut c_void) -> ncclResult_t {
+    boundary("closeSend", || plugin::close_comm(sc, true))
+}
+
+pub unsafe extern "C" fn close_recv(rc: *mut c_void) -> ncclResult_t {
+    boundary("closeRecv", || plugin::close_comm(rc, false))
+}
+
+pub unsafe extern "C" fn close_listen(lc: *mut c_void) -> ncclResult_t {
+    boundary("closeListen", || plugin::close_listen(lc))
+}
+
+pub unsafe extern "C" fn finalize(ctx: *mut c_void) -> ncclResult_t {
+    boundary("finalize", || plugin::ctx_finalize(ctx))
+}
+
+
+/// Properties shared by the v6 … v12 layouts, filled from the core's [`plugin::Props`].
+pub fn props(dev: c_int) -> Result<plugin::Props> {
+    plugin::properties(dev)
+}

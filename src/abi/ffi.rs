@@ -1,0 +1,45 @@
+//! The single FFI boundary: every exported function runs its body through [`boundary`], which
+//! catches panics, turns `Err` into an `ncclResult_t`, and logs the reason once through NCCL's
+//! logger (or stderr outside NCCL).
+
+use crate::abi::types::*;
+use crate::error::{Error, Result};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Run `f`, never letting a panic cross into C. `what` names the entry point for the log line.
+pub fn boundary(what: &str, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => NCCL_SUCCESS,
+        Ok(Err(e)) => {
+            log::warn!("NET/rivet: {what}: {e}");
+            e.code()
+        }
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            log::warn!("NET/rivet: {what}: internal error (panic caught at the plugin boundary): {msg}");
+            NCCL_INTERNAL_ERROR
+        }
+    }
+}
+
+/// Write `v` through an out-pointer supplied by the caller, checking it is not NULL.
+pub fn out<T>(p: *mut T, name: &str, v: T) -> Result<()> {
+    if p.is_null() {
+        return Err(Error::internal(format!("{name} is NULL")));
+    }
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+/// A non-NULL pointer argument, or an `ncclInternalError` naming it.
+pub fn nonnull<T>(p: *mut T, name: &str) -> Result<*mut T> {
+    if p.is_null() {
+        Err(Error::internal(format!("{name} is NULL")))
+    } else {
+        Ok(p)
+    }
+}

@@ -1,0 +1,47 @@
+//! `ncclNetPlugin_v10`: NCCL 2.26–2.27 (profiler callback, per-connection config).
+
+use super::common::*;
+use super::ffi::boundary;
+use super::types::*;
+use crate::plugin;
+use std::ffi::c_int;
+use std::ffi::c_void;
+
+unsafe extern "C" fn init(logger: ncclDebugLogger_t, _prof: ncclProfilerCallback_t) -> ncclResult_t {
+    boundary("init", || plugin::init(logger, 10))
+}
+
+/// The traffic class in `config` is a hint for RDMA; TCP ignores it.
+unsafe extern "C" fn connect(
+    dev: c_int,
+    _config: *mut ncclNetCommConfig_t,
+    handle: *mut c_void,
+    sc: *mut *mut c_void,
+    dc: *mut *mut ncclNetDeviceHandle_t,
+) -> ncclResult_t {
+    connect_dev(dev, handle, sc, dc)
+}
+
+#[no_mangle]
+pub static ncclNetPlugin_v10: Exported<ncclNet_v10_t> = Exported(ncclNet_v10_t {
+    name: super::NAME.as_ptr(),
+    init: Some(init),
+    devices: Some(devices),
+    getProperties: Some(super::v9::get_properties),
+    listen: Some(listen),
+    connect: Some(connect),
+    accept: Some(accept_dev),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: Some(reg_mr_dmabuf),
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_p),
+    irecv: Some(irecv_p),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_send),
+    closeRecv: Some(close_recv),
+    closeListen: Some(close_listen),
+    getDeviceMr: None,
+    irecvConsumed: None,
+    makeVDevice: None,
+});

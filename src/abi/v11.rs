@@ -1,0 +1,78 @@
+//! `ncclNetPlugin_v11`: NCCL 2.28–2.29 (per-communicator init/finalize).
+
+use super::common::*;
+use super::ffi::{boundary, nonnull};
+use super::types::*;
+use crate::plugin;
+use std::ffi::c_int;
+use std::ffi::c_void;
+
+/// Called once per NCCL communicator: the device table is process-wide, the context per comm.
+unsafe extern "C" fn init(
+    ctx: *mut *mut c_void,
+    comm_id: u64,
+    config: *mut ncclNetCommConfig_t,
+    logger: ncclDebugLogger_t,
+    _prof: ncclProfilerCallback_t,
+) -> ncclResult_t {
+    boundary("init", || {
+        nonnull(ctx, "ctx")?;
+        plugin::init(logger, 11)?;
+        let tc = if config.is_null() { -1 } else { unsafe { (*config).trafficClass } };
+        unsafe { *ctx = plugin::ctx_new(comm_id, tc) };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v11_t) -> ncclResult_t {
+    boundary("getProperties", || {
+        let p = unsafe { &mut *nonnull(p, "props")? };
+        let c = props(dev)?;
+        *p = ncclNetProperties_v11_t {
+            name: c.name,
+            pciPath: c.pci_path,
+            guid: c.guid,
+            ptrSupport: c.ptr_support,
+            regIsGlobal: c.reg_is_global,
+            forceFlush: c.force_flush,
+            speed: c.speed,
+            port: c.port,
+            latency: c.latency,
+            maxComms: c.max_comms,
+            maxRecvs: c.max_recvs,
+            netDeviceType: NCCL_NET_DEVICE_HOST,
+            netDeviceVersion: 0,
+            vProps: ncclNetVDeviceProps_v9_t { ndevs: 1, devs: { let mut d = [0; 4]; d[0] = dev; d } },
+            maxP2pBytes: c.max_p2p_bytes,
+            maxCollBytes: c.max_coll_bytes,
+            maxMultiRequestSize: 1,
+        };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub static ncclNetPlugin_v11: Exported<ncclNet_v11_t> = Exported(ncclNet_v11_t {
+    name: super::NAME.as_ptr(),
+    init: Some(init),
+    devices: Some(devices),
+    getProperties: Some(get_properties),
+    listen: Some(ctx_listen),
+    connect: Some(ctx_connect),
+    accept: Some(accept_dev),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: Some(reg_mr_dmabuf),
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_p),
+    irecv: Some(irecv_p),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_send),
+    closeRecv: Some(close_recv),
+    closeListen: Some(close_listen),
+    getDeviceMr: None,
+    irecvConsumed: None,
+    makeVDevice: None,
+    finalize: Some(finalize),
+    setNetAttr: None,
+});

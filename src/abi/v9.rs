@@ -1,0 +1,62 @@
+//! `ncclNetPlugin_v9`: NCCL 2.24–2.25 (size_t isend/irecv, forceFlush, virtual devices).
+
+use super::common::*;
+use super::ffi::{boundary, nonnull};
+use super::types::*;
+use crate::plugin;
+use std::ffi::c_int;
+
+unsafe extern "C" fn init(logger: ncclDebugLogger_t) -> ncclResult_t {
+    boundary("init", || plugin::init(logger, 9))
+}
+
+/// Also the v10 getProperties (identical layout).
+pub(super) unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v9_t) -> ncclResult_t {
+    boundary("getProperties", || {
+        let p = unsafe { &mut *nonnull(p, "props")? };
+        let c = props(dev)?;
+        *p = ncclNetProperties_v9_t {
+            name: c.name,
+            pciPath: c.pci_path,
+            guid: c.guid,
+            ptrSupport: c.ptr_support,
+            regIsGlobal: c.reg_is_global,
+            forceFlush: c.force_flush,
+            speed: c.speed,
+            port: c.port,
+            latency: c.latency,
+            maxComms: c.max_comms,
+            maxRecvs: c.max_recvs,
+            netDeviceType: NCCL_NET_DEVICE_HOST,
+            netDeviceVersion: 0,
+            vProps: ncclNetVDeviceProps_v9_t { ndevs: 1, devs: { let mut d = [0; 4]; d[0] = dev; d } },
+            maxP2pBytes: c.max_p2p_bytes,
+            maxCollBytes: c.max_coll_bytes,
+        };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub static ncclNetPlugin_v9: Exported<ncclNet_v9_t> = Exported(ncclNet_v9_t {
+    name: super::NAME.as_ptr(),
+    init: Some(init),
+    devices: Some(devices),
+    getProperties: Some(get_properties),
+    listen: Some(listen),
+    connect: Some(connect_dev),
+    accept: Some(accept_dev),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: Some(reg_mr_dmabuf),
+    deregMr: Some(dereg_mr),
+    isend: Some(isend),
+    irecv: Some(irecv),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_send),
+    closeRecv: Some(close_recv),
+    closeListen: Some(close_listen),
+    getDeviceMr: None,
+    irecvConsumed: None,
+    makeVDevice: None,
+});

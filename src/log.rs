@@ -1,0 +1,101 @@
+//! The `log` crate bridged to NCCL's logger. Inside NCCL every record goes to the `ncclDebugLogger_t`
+//! handed to `init` (formatted in Rust, passed as `"%s"`); outside NCCL (the CLI, tests) the same
+//! lines go to stderr. The level comes from `NCCL_DEBUG` (VERSION/WARN/INFO/TRACE; unset means WARN
+//! outside NCCL, and NCCL applies its own filter on top inside it).
+//!
+//! Records whose target is [`INIT`] carry NCCL's `INIT|NET` subsystem flags, so they show with
+//! NCCL's default `NCCL_DEBUG_SUBSYS`; everything else is `NET`.
+
+use crate::abi::types::*;
+use log::{Level, LevelFilter, Log, Metadata, Record};
+use std::ffi::{c_char, CString};
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Once;
+
+/// Log target for the one-line-per-decision messages users read with `NCCL_DEBUG=INFO`.
+pub const INIT: &str = "rivet::init";
+
+static NCCL_LOGGER: AtomicUsize = AtomicUsize::new(0);
+static INSTALL: Once = Once::new();
+
+struct Bridge;
+static BRIDGE: Bridge = Bridge;
+
+fn level_from_env() -> LevelFilter {
+    match std::env::var("NCCL_DEBUG").map(|s| s.to_ascii_uppercase()).as_deref() {
+        Ok("TRACE") => LevelFilter::Trace,
+        Ok("INFO") => LevelFilter::Info,
+        Ok("WARN") | Ok("ABORT") | Ok("VERSION") => LevelFilter::Warn,
+        Ok("NONE") => LevelFilter::Off,
+        _ => LevelFilter::Warn,
+    }
+}
+
+/// Install the bridge (once per process) and, when called from NCCL's `init`, remember its logger.
+pub fn install(logger: ncclDebugLogger_t) {
+    if let Some(f) = logger {
+        NCCL_LOGGER.store(f as usize, Ordering::Release);
+    }
+    INSTALL.call_once(|| {
+        if log::set_logger(&BRIDGE).is_ok() {
+            log::set_max_level(level_from_env());
+        }
+    });
+}
+
+/// Forget NCCL's logger (used by tests that call the plugin outside NCCL after an init with one).
+pub fn clear_nccl_logger() {
+    NCCL_LOGGER.store(0, Ordering::Release);
+}
+
+impl Log for Bridge {
+    fn enabled(&self, m: &Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+
+    fn log(&self, r: &Record) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        let msg = format!("{}", r.args());
+        let f = NCCL_LOGGER.load(Ordering::Acquire);
+        if f != 0 {
+            let f: unsafe extern "C" fn(i32, u64, *const c_char, i32, *const c_char, ...) =
+                unsafe { std::mem::transmute(f) };
+            let level = match r.level() {
+                Level::Error | Level::Warn => NCCL_LOG_WARN,
+                Level::Info | Level::Debug => NCCL_LOG_INFO,
+                Level::Trace => NCCL_LOG_TRACE,
+            };
+            let flags = if r.target() == INIT { NCCL_INIT | NCCL_NET } else { NCCL_NET };
+            let cmsg = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+            let file = CString::new(r.file().unwrap_or("rivet")).unwrap_or_default();
+            unsafe {
+                f(level, flags, file.as_ptr(), r.line().unwrap_or(0) as i32, c"%s".as_ptr(), cmsg.as_ptr())
+            };
+        } else {
+            let host = hostname();
+            let pid = std::process::id();
+            let tid = unsafe { libc::gettid() };
+            let lvl = match r.level() {
+                Level::Error | Level::Warn => "WARN",
+                Level::Info | Level::Debug => "INFO",
+                Level::Trace => "TRACE",
+            };
+            let _ = writeln!(std::io::stderr().lock(), "{host}:{pid}:{tid} [rivet] NCCL {lvl} {msg}");
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut c_char, buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}

@@ -1,0 +1,534 @@
+//! The version-independent core behind every exported `ncclNetPlugin_vN` table: the process-wide
+//! device table, contexts, comms, requests and memory handles. The ABI shims in `abi/` convert
+//! argument types and call these functions inside the FFI boundary.
+
+use crate::abi::types::*;
+use crate::config;
+use crate::error::{Error, Result};
+use crate::log::INIT;
+use crate::proto::{self, Handle, HANDLE_SIZE};
+use crate::transport::socket::{self, ifaces, Connector, Listener};
+use crate::transport::{Conn, RecvBuf, MAX_RECVS};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CString};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// One network device as NCCL sees it.
+pub struct Device {
+    pub name: CString,
+    pub pci_path: Option<CString>,
+    pub guid: u64,
+    pub speed: i32,
+    pub port: i32,
+    pub iface: ifaces::Iface,
+}
+
+pub struct Devices {
+    pub list: Vec<Device>,
+    pub transport: &'static str,
+}
+
+/// Everything `getProperties` reports, before conversion to a versioned struct.
+#[derive(Debug, Clone, Copy)]
+pub struct Props {
+    pub name: *mut c_char,
+    pub pci_path: *mut c_char,
+    pub guid: u64,
+    pub ptr_support: i32,
+    pub reg_is_global: i32,
+    pub force_flush: i32,
+    pub speed: i32,
+    pub port: i32,
+    pub latency: f32,
+    pub max_comms: i32,
+    pub max_recvs: i32,
+    pub max_p2p_bytes: usize,
+    pub max_coll_bytes: usize,
+}
+
+static DEVICES: OnceLock<std::result::Result<Devices, Error>> = OnceLock::new();
+
+fn discover() -> std::result::Result<Devices, Error> {
+    let cfg = config::get();
+    let found = ifaces::select(cfg.socket_ifname.as_deref(), cfg.socket_family);
+    if found.is_empty() {
+        return Err(Error::system(match &cfg.socket_ifname {
+            Some(s) => format!(
+                "no usable network interface matches NCCL_SOCKET_IFNAME={s}: list the interfaces with `ip -br addr` and pick ones that are up and have an address"
+            ),
+            None => "no network interface with an IP address is up".to_string(),
+        }));
+    }
+    let list = found
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| Device {
+            name: CString::new(f.name.clone()).unwrap_or_default(),
+            pci_path: f.pci_path.as_ref().and_then(|p| CString::new(p.as_str()).ok()),
+            guid: i as u64,
+            speed: f.speed,
+            port: 0,
+            iface: f,
+        })
+        .collect();
+    Ok(Devices { list, transport: "TCP" })
+}
+
+/// The device table, discovered once per process.
+pub fn devices_table() -> Result<&'static Devices> {
+    DEVICES.get_or_init(discover).as_ref().map_err(|e| e.clone())
+}
+
+static BANNER: Mutex<u32> = Mutex::new(0);
+
+fn library_path() -> String {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let addr = library_path as *const c_void;
+    if unsafe { libc::dladdr(addr, &mut info) } != 0 && !info.dli_fname.is_null() {
+        let p = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+        return std::fs::canonicalize(&p).map(|p| p.display().to_string()).unwrap_or(p);
+    }
+    "(unknown)".into()
+}
+
+/// `init` for every ABI version: idempotent; installs the logger, discovers devices once, and
+/// logs the version banner once per ABI version used in this process.
+pub fn init(logger: ncclDebugLogger_t, abi: u32) -> Result<()> {
+    crate::log::install(logger);
+    let devs = devices_table()?;
+    let mut seen = BANNER.lock().unwrap_or_else(|p| p.into_inner());
+    if *seen & (1 << abi) == 0 {
+        *seen |= 1 << abi;
+        log::info!(target: INIT, "NET/rivet: rivet {VERSION} loaded from {}, ncclNet v{abi} ABI", library_path());
+        for (i, d) in devs.list.iter().enumerate() {
+            log::info!(
+                target: INIT,
+                "NET/rivet: device {i}: {} {} speed {} Mb/s pci {}",
+                d.iface.name,
+                d.iface.addr,
+                d.speed,
+                d.pci_path.as_ref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|| "none (virtual)".into())
+            );
+        }
+        let cfg = config::get();
+        log::info!(
+            target: INIT,
+            "NET/rivet: transport {} (no RDMA transport in this build), {} device(s), {} stream(s) per connection, timeout {}s",
+            devs.transport,
+            devs.list.len(),
+            cfg.socket_nstreams,
+            cfg.timeout_secs
+        );
+    }
+    Ok(())
+}
+
+pub fn ndevices() -> Result<i32> {
+    Ok(devices_table()?.list.len() as i32)
+}
+
+fn device(dev: i32) -> Result<&'static Device> {
+    let t = devices_table()?;
+    usize::try_from(dev)
+        .ok()
+        .and_then(|d| t.list.get(d))
+        .ok_or_else(|| Error::arg(format!("device {dev} does not exist (this host has {} rivet devices)", t.list.len())))
+}
+
+pub fn properties(dev: i32) -> Result<Props> {
+    let d = device(dev)?;
+    Ok(Props {
+        name: d.name.as_ptr() as *mut c_char,
+        pci_path: d.pci_path.as_ref().map_or(std::ptr::null_mut(), |p| p.as_ptr() as *mut c_char),
+        guid: d.guid,
+        ptr_support: NCCL_PTR_HOST,
+        reg_is_global: 1,
+        force_flush: 0,
+        speed: d.speed,
+        port: d.port,
+        latency: 0.0,
+        max_comms: 65536,
+        max_recvs: MAX_RECVS as i32,
+        max_p2p_bytes: NCCL_MAX_NET_SIZE_BYTES,
+        max_coll_bytes: MAX_COLLNET_SIZE,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Live objects. Every pointer handed to NCCL is registered here, so a stale or foreign pointer is
+// an error instead of a crash (on the setup and teardown paths; the data path checks a magic).
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Obj {
+    Ctx,
+    Listen,
+    Comm,
+    Mr,
+    Connector(u64),
+}
+
+static LIVE: Mutex<Option<HashMap<usize, Obj>>> = Mutex::new(None);
+
+fn live() -> MutexGuard<'static, Option<HashMap<usize, Obj>>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn register(p: usize, o: Obj) {
+    live().get_or_insert_with(HashMap::new).insert(p, o);
+}
+
+/// Remove `p` if it is a live object of kind `o`.
+fn unregister(p: usize, o: Obj) -> bool {
+    let mut g = live();
+    let m = g.get_or_insert_with(HashMap::new);
+    if m.get(&p) == Some(&o) {
+        m.remove(&p);
+        true
+    } else {
+        false
+    }
+}
+
+fn is_live(p: usize, o: Obj) -> bool {
+    live().as_ref().and_then(|m| m.get(&p)).copied() == Some(o)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Contexts (v11/v12: one per NCCL communicator).
+
+pub struct Ctx {
+    pub comm_id: u64,
+    pub traffic_class: i32,
+}
+
+static NCTX: AtomicU32 = AtomicU32::new(0);
+
+pub fn ctx_new(comm_id: u64, traffic_class: i32) -> *mut c_void {
+    let p = Box::into_raw(Box::new(Ctx { comm_id, traffic_class })) as *mut c_void;
+    register(p as usize, Obj::Ctx);
+    let n = NCTX.fetch_add(1, Ordering::Relaxed) + 1;
+    log::trace!("NET/rivet: context {p:p} for communicator {comm_id:#x} ({n} open)");
+    p
+}
+
+pub fn ctx_check(ctx: *mut c_void) -> Result<()> {
+    if ctx.is_null() || !is_live(ctx as usize, Obj::Ctx) {
+        return Err(Error::internal(format!("unknown plugin context {ctx:p} (not returned by init, or finalized)")));
+    }
+    Ok(())
+}
+
+pub fn ctx_finalize(ctx: *mut c_void) -> Result<()> {
+    if ctx.is_null() || !unregister(ctx as usize, Obj::Ctx) {
+        return Err(Error::internal(format!("finalize of an unknown or already finalized context {ctx:p}")));
+    }
+    let c = unsafe { Box::from_raw(ctx as *mut Ctx) };
+    let n = NCTX.fetch_sub(1, Ordering::Relaxed) - 1;
+    log::trace!("NET/rivet: finalized context for communicator {:#x} ({n} open)", c.comm_id);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Listen, connect, accept.
+
+pub struct ListenComm {
+    dev: i32,
+    inner: Mutex<Listener>,
+}
+
+fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> {
+    if handle.is_null() {
+        return Err(Error::internal("handle is NULL"));
+    }
+    Ok(unsafe { &mut *(handle as *mut [u8; HANDLE_SIZE]) })
+}
+
+pub fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
+    let d = device(dev)?;
+    let buf = handle_buf(handle)?;
+    let (l, h) = Listener::new(&d.iface, config::get().timeout())?;
+    h.encode(buf);
+    log::trace!("NET/rivet: listening on {} (dev {dev})", l.addr);
+    let p = Box::into_raw(Box::new(ListenComm { dev, inner: Mutex::new(l) })) as *mut c_void;
+    register(p as usize, Obj::Listen);
+    Ok(p)
+}
+
+/// Non-blocking connect: Ok(null) until the connection is up; NCCL calls again with the same handle.
+pub fn connect(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
+    device(dev)?;
+    let buf = handle_buf(handle)?;
+    let (sp, cookie) = proto::stage_get(buf);
+    let conn_ptr = if sp != 0 {
+        if !is_live(sp as usize, Obj::Connector(cookie)) {
+            return Err(Error::internal(
+                "the handle carries a connect stage this process does not know (a handle reused across processes while its connect was in progress?)",
+            ));
+        }
+        sp as *mut Connector
+    } else {
+        let h = Handle::decode(buf).map_err(|e| Error::usage(format!("connect: {e}")))?;
+        if h.transport != proto::TRANSPORT_SOCKET {
+            return Err(Error::usage(format!(
+                "connect: the handle is for transport {} but this rivet uses TCP: every rank must see the same kind of network",
+                h.transport
+            )));
+        }
+        let cfg = config::get();
+        let c = Connector::new(&h, cfg.socket_nstreams, cfg.socket_min_chunk, cfg.timeout())?;
+        let p = Box::into_raw(Box::new(c));
+        let cookie = socket::random_u64();
+        register(p as usize, Obj::Connector(cookie));
+        proto::stage_set(buf, p as u64, cookie);
+        p
+    };
+    let r = unsafe { &mut *conn_ptr }.poll();
+    let finish = |buf: &mut [u8; HANDLE_SIZE]| {
+        let (_, cookie) = proto::stage_get(buf);
+        unregister(conn_ptr as usize, Obj::Connector(cookie));
+        proto::stage_set(buf, 0, 0);
+        drop(unsafe { Box::from_raw(conn_ptr) });
+    };
+    match r {
+        Ok(None) => Ok(std::ptr::null_mut()),
+        Ok(Some(conn)) => {
+            finish(buf);
+            Ok(Comm::new_raw(dev, Box::new(conn), true))
+        }
+        Err(e) => {
+            finish(buf);
+            Err(e)
+        }
+    }
+}
+
+fn listen_comm<'a>(p: *mut c_void) -> Result<&'a ListenComm> {
+    if p.is_null() || !is_live(p as usize, Obj::Listen) {
+        return Err(Error::internal(format!("unknown listen comm {p:p}")));
+    }
+    Ok(unsafe { &*(p as *const ListenComm) })
+}
+
+/// Non-blocking accept: Ok(null) until a connection has fully arrived.
+pub fn accept(lc: *mut c_void) -> Result<*mut c_void> {
+    let l = listen_comm(lc)?;
+    let mut g = l.inner.lock().map_err(|_| Error::internal("listen comm unusable after an earlier internal error"))?;
+    match g.accept()? {
+        None => Ok(std::ptr::null_mut()),
+        Some(conn) => Ok(Comm::new_raw(l.dev, Box::new(conn), false)),
+    }
+}
+
+pub fn close_listen(lc: *mut c_void) -> Result<()> {
+    if lc.is_null() || !unregister(lc as usize, Obj::Listen) {
+        return Err(Error::internal(format!("closeListen of an unknown or already closed listen comm {lc:p}")));
+    }
+    drop(unsafe { Box::from_raw(lc as *mut ListenComm) });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comms and requests.
+
+const COMM_MAGIC_SEND: u64 = 0x7269_7665_7453_4e44; // "rivetSND"
+const COMM_MAGIC_RECV: u64 = 0x7269_7665_7452_4356; // "rivetRCV"
+const REQ_MAGIC: u64 = 0x7269_7665_7452_4551; // "rivetREQ"
+
+/// What a request pointer handed to NCCL points at. Immutable once the comm exists.
+#[repr(C)]
+pub struct Request {
+    magic: u64,
+    comm: *const Comm,
+    slot: u32,
+}
+
+#[repr(C)]
+pub struct Comm {
+    magic: u64,
+    dev: i32,
+    conn: Mutex<Box<dyn Conn>>,
+    reqs: Box<[Request]>,
+}
+
+unsafe impl Send for Comm {}
+unsafe impl Sync for Comm {}
+
+impl Comm {
+    fn new_raw(dev: i32, conn: Box<dyn Conn>, send: bool) -> *mut c_void {
+        let cap = conn.capacity();
+        let mut b = Box::new(Comm {
+            magic: if send { COMM_MAGIC_SEND } else { COMM_MAGIC_RECV },
+            dev,
+            conn: Mutex::new(conn),
+            reqs: Box::new([]),
+        });
+        let cp: *const Comm = &*b;
+        b.reqs = (0..cap as u32).map(|slot| Request { magic: REQ_MAGIC, comm: cp, slot }).collect();
+        let p = Box::into_raw(b) as *mut c_void;
+        register(p as usize, Obj::Comm);
+        p
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Box<dyn Conn>>> {
+        self.conn.lock().map_err(|_| Error::internal("comm unusable after an earlier internal error"))
+    }
+
+    fn request(&self, slot: u32) -> *mut c_void {
+        &self.reqs[slot as usize] as *const Request as *mut c_void
+    }
+}
+
+fn comm<'a>(p: *mut c_void, magic: u64, what: &str) -> Result<&'a Comm> {
+    if p.is_null() {
+        return Err(Error::internal(format!("{what} is NULL")));
+    }
+    let c = unsafe { &*(p as *const Comm) };
+    if c.magic != magic {
+        return Err(Error::internal(format!("{what} {p:p} is not a live rivet {what}")));
+    }
+    Ok(c)
+}
+
+/// Either kind of comm (memory registration accepts both).
+fn any_comm<'a>(p: *mut c_void) -> Result<&'a Comm> {
+    if p.is_null() || !is_live(p as usize, Obj::Comm) {
+        return Err(Error::internal(format!("unknown comm {p:p} (not a live send or receive comm)")));
+    }
+    Ok(unsafe { &*(p as *const Comm) })
+}
+
+pub fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, _mh: *mut c_void) -> Result<*mut c_void> {
+    let c = comm(sc, COMM_MAGIC_SEND, "send comm")?;
+    if data.is_null() && size > 0 {
+        return Err(Error::internal(format!("isend of {size} bytes from a NULL buffer")));
+    }
+    let slot = c.lock()?.isend(data as *const u8, size, tag)?;
+    Ok(slot.map_or(std::ptr::null_mut(), |s| c.request(s)))
+}
+
+/// # Safety
+/// `data`, `sizes` and `tags` must point to `n` elements each (checked for NULL here).
+pub unsafe fn irecv(
+    rc: *mut c_void,
+    n: i32,
+    data: *mut *mut c_void,
+    size_of: impl Fn(usize) -> Result<usize>,
+    tags: *mut i32,
+) -> Result<*mut c_void> {
+    let c = comm(rc, COMM_MAGIC_RECV, "recv comm")?;
+    if n < 1 || n as usize > MAX_RECVS {
+        return Err(Error::internal(format!("irecv with n={n}: rivet accepts 1 to {MAX_RECVS} buffers (maxRecvs)")));
+    }
+    if data.is_null() || tags.is_null() {
+        return Err(Error::internal("irecv with a NULL data or tags array"));
+    }
+    let mut bufs = [RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0 }; MAX_RECVS];
+    for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
+        let size = size_of(i)?;
+        let ptr = *data.add(i) as *mut u8;
+        if ptr.is_null() && size > 0 {
+            return Err(Error::internal(format!("irecv buffer {i} of {size} bytes is NULL")));
+        }
+        *b = RecvBuf { ptr, size, tag: *tags.add(i) };
+    }
+    let slot = c.lock()?.irecv(&bufs[..n as usize])?;
+    Ok(slot.map_or(std::ptr::null_mut(), |s| c.request(s)))
+}
+
+pub fn iflush(rc: *mut c_void, n: i32) -> Result<*mut c_void> {
+    comm(rc, COMM_MAGIC_RECV, "recv comm")?;
+    if n < 0 || n as usize > MAX_RECVS {
+        return Err(Error::internal(format!("iflush with n={n}")));
+    }
+    // Host memory (all the TCP transport carries) needs no flush: nothing to wait for.
+    Ok(std::ptr::null_mut())
+}
+
+/// `test`: progress the request's comm; when done, sizes (one per buffer) go to `sizes` if non-NULL.
+pub fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()> {
+    if req.is_null() || done.is_null() {
+        return Err(Error::internal("test with a NULL request or done pointer"));
+    }
+    let r = unsafe { &*(req as *const Request) };
+    if r.magic != REQ_MAGIC {
+        return Err(Error::internal(format!("test on {req:p}, which is not a rivet request")));
+    }
+    let c = unsafe { &*r.comm };
+    let mut out = [0usize; MAX_RECVS];
+    let res = c.lock()?.test(r.slot, &mut out);
+    match res {
+        Ok(None) => unsafe { *done = 0 },
+        Ok(Some(n)) => unsafe {
+            *done = 1;
+            if !sizes.is_null() {
+                for (i, s) in out.iter().enumerate().take(n) {
+                    *sizes.add(i) = (*s).min(i32::MAX as usize) as i32;
+                }
+            }
+        },
+        Err(e) => {
+            unsafe { *done = 0 };
+            let peer = c.lock().map(|g| g.peer()).unwrap_or_default();
+            return Err(Error::new(e.kind, format!("{e} [dev {}, peer {peer}]", c.dev)));
+        }
+    }
+    Ok(())
+}
+
+pub fn close_comm(p: *mut c_void, send: bool) -> Result<()> {
+    let what = if send { "closeSend" } else { "closeRecv" };
+    let magic = if send { COMM_MAGIC_SEND } else { COMM_MAGIC_RECV };
+    if p.is_null() || !is_live(p as usize, Obj::Comm) || unsafe { (*(p as *const Comm)).magic } != magic {
+        return Err(Error::internal(format!("{what} of an unknown or already closed comm {p:p}")));
+    }
+    unregister(p as usize, Obj::Comm);
+    let mut c = unsafe { Box::from_raw(p as *mut Comm) };
+    c.magic = 0;
+    for r in c.reqs.iter_mut() {
+        r.magic = 0;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory registration.
+
+pub struct Mr {
+    pub ptr: usize,
+    pub size: usize,
+    pub ty: i32,
+}
+
+pub fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: i32) -> Result<*mut c_void> {
+    let c = any_comm(comm)?;
+    match ty {
+        NCCL_PTR_HOST => {}
+        NCCL_PTR_CUDA | NCCL_PTR_DMABUF => {
+            return Err(Error::internal(format!(
+                "regMr of {} memory on device {}: the TCP transport carries host memory only (ptrSupport = NCCL_PTR_HOST)",
+                if ty == NCCL_PTR_CUDA { "CUDA" } else { "dma-buf" },
+                c.dev
+            )))
+        }
+        _ => return Err(Error::arg(format!("regMr with unknown pointer type {ty:#x} (NCCL_PTR_HOST=1, CUDA=2, DMABUF=4)"))),
+    }
+    if data.is_null() && size > 0 {
+        return Err(Error::internal(format!("regMr of {size} bytes at NULL")));
+    }
+    let p = Box::into_raw(Box::new(Mr { ptr: data as usize, size, ty })) as *mut c_void;
+    register(p as usize, Obj::Mr);
+    log::trace!("NET/rivet: regMr {data:p} {size} bytes type {ty} -> {p:p}");
+    Ok(p)
+}
+
+pub fn dereg_mr(_comm: *mut c_void, mh: *mut c_void) -> Result<()> {
+    if mh.is_null() || !unregister(mh as usize, Obj::Mr) {
+        return Err(Error::internal(format!("deregMr of an unknown or already released memory handle {mh:p}")));
+    }
+    let m = unsafe { Box::from_raw(mh as *mut Mr) };
+    log::trace!("NET/rivet: deregMr {:#x} {} bytes", m.ptr, m.size);
+    Ok(())
+}

@@ -1,0 +1,325 @@
+//! Wire formats, as pure code: the 128-byte listen handle, the TCP handshake (hello / ack) and the
+//! per-message header, plus the deterministic split of a message across streams. Decoding never
+//! trusts a length, count or index from the wire.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+pub const HANDLE_SIZE: usize = 128;
+const HANDLE_MAGIC: u32 = 0x5256_4e54; // "RVNT"
+pub const PROTO_VERSION: u8 = 1;
+pub const TRANSPORT_SOCKET: u8 = 1;
+/// Where a connect in progress keeps its state pointer and cookie inside the caller's handle
+/// buffer (NCCL calls connect again with the same buffer until it returns a comm).
+const STAGE_OFF: usize = 112;
+
+fn rd_u16(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes(b[o..o + 2].try_into().unwrap())
+}
+fn rd_u32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+}
+fn rd_u64(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handle {
+    pub transport: u8,
+    /// Random per listen call: a connection that presents another value is rejected.
+    pub magic: u64,
+    pub addr: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandleError {
+    NotRivet(u32),
+    Version(u8),
+    Family(u8),
+}
+
+impl std::fmt::Display for HandleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            HandleError::NotRivet(m) => write!(
+                f,
+                "the handle is not a rivet handle (magic {m:#010x}): it was made by another plugin or is corrupted; check that every rank loads the same NCCL_NET_PLUGIN"
+            ),
+            HandleError::Version(v) => write!(
+                f,
+                "the handle has protocol version {v} but this rivet speaks {PROTO_VERSION}: run the same rivet build on every rank"
+            ),
+            HandleError::Family(x) => write!(f, "the handle has an unknown address family {x}"),
+        }
+    }
+}
+
+impl Handle {
+    pub fn encode(&self, out: &mut [u8; HANDLE_SIZE]) {
+        out.fill(0);
+        out[0..4].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
+        out[4] = PROTO_VERSION;
+        out[5] = self.transport;
+        out[8..16].copy_from_slice(&self.magic.to_le_bytes());
+        out[16..18].copy_from_slice(&self.addr.port().to_le_bytes());
+        match self.addr.ip() {
+            IpAddr::V4(a) => {
+                out[6] = 4;
+                out[20..24].copy_from_slice(&a.octets());
+            }
+            IpAddr::V6(a) => {
+                out[6] = 6;
+                out[20..36].copy_from_slice(&a.octets());
+            }
+        }
+    }
+
+    pub fn decode(b: &[u8; HANDLE_SIZE]) -> Result<Handle, HandleError> {
+        let m = rd_u32(b, 0);
+        if m != HANDLE_MAGIC {
+            return Err(HandleError::NotRivet(m));
+        }
+        if b[4] != PROTO_VERSION {
+            return Err(HandleError::Version(b[4]));
+        }
+        let port = rd_u16(b, 16);
+        let ip = match b[6] {
+            4 => IpAddr::V4(Ipv4Addr::new(b[20], b[21], b[22], b[23])),
+            6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&b[20..36]).unwrap())),
+            x => return Err(HandleError::Family(x)),
+        };
+        Ok(Handle { transport: b[5], magic: rd_u64(b, 8), addr: SocketAddr::new(ip, port) })
+    }
+}
+
+/// The connect-in-progress stage stored in a handle: (state pointer, cookie).
+pub fn stage_get(b: &[u8; HANDLE_SIZE]) -> (u64, u64) {
+    (rd_u64(b, STAGE_OFF), rd_u64(b, STAGE_OFF + 8))
+}
+
+pub fn stage_set(b: &mut [u8; HANDLE_SIZE], ptr: u64, cookie: u64) {
+    b[STAGE_OFF..STAGE_OFF + 8].copy_from_slice(&ptr.to_le_bytes());
+    b[STAGE_OFF + 8..STAGE_OFF + 16].copy_from_slice(&cookie.to_le_bytes());
+}
+
+pub const HELLO_SIZE: usize = 32;
+const HELLO_MAGIC: u32 = 0x5256_484c; // "RVHL"
+pub const MAX_STREAMS: usize = 16;
+
+/// First bytes a connector sends on each of its TCP streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub listen_magic: u64,
+    pub conn_id: u64,
+    pub stream: u16,
+    pub nstreams: u16,
+    /// The sender's RIVET_SOCKET_MIN_CHUNK: both ends must split messages the same way.
+    pub min_chunk: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HelloError {
+    /// Not a rivet client at all (garbage, a port scanner, another protocol).
+    Garbage(u32),
+    Version(u16),
+    BadStreams { stream: u16, nstreams: u16 },
+    BadChunk(u32),
+}
+
+impl std::fmt::Display for HelloError {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            HelloError::Garbage(m) => write!(f, "not a rivet client (first bytes {m:#010x})"),
+            HelloError::Version(v) => {
+                write!(f, "rivet protocol version {v}, this side speaks {PROTO_VERSION}: run one rivet build on every rank")
+            }
+            HelloError::BadStreams { stream, nstreams } => {
+                write!(f, "invalid stream {stream} of {nstreams} (at most {MAX_STREAMS})")
+            }
+            HelloError::BadChunk(c) => write!(f, "invalid chunk size {c}"),
+        }
+    }
+}
+
+impl Hello {
+    pub fn encode(&self) -> [u8; HELLO_SIZE] {
+        let mut b = [0u8; HELLO_SIZE];
+        b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&(PROTO_VERSION as u16).to_le_bytes());
+        b[6..8].copy_from_slice(&self.nstreams.to_le_bytes());
+        b[8..16].copy_from_slice(&self.listen_magic.to_le_bytes());
+        b[16..24].copy_from_slice(&self.conn_id.to_le_bytes());
+        b[24..26].copy_from_slice(&self.stream.to_le_bytes());
+        b[28..32].copy_from_slice(&self.min_chunk.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; HELLO_SIZE]) -> Result<Hello, HelloError> {
+        let m = rd_u32(b, 0);
+        if m != HELLO_MAGIC {
+            return Err(HelloError::Garbage(m.swap_bytes()));
+        }
+        let v = rd_u16(b, 4);
+        if v != PROTO_VERSION as u16 {
+            return Err(HelloError::Version(v));
+        }
+        let h = Hello {
+            nstreams: rd_u16(b, 6),
+            listen_magic: rd_u64(b, 8),
+            conn_id: rd_u64(b, 16),
+            stream: rd_u16(b, 24),
+            min_chunk: rd_u32(b, 28),
+        };
+        if h.nstreams == 0 || h.nstreams as usize > MAX_STREAMS || h.stream >= h.nstreams {
+            return Err(HelloError::BadStreams { stream: h.stream, nstreams: h.nstreams });
+        }
+        if h.min_chunk < 4096 || h.min_chunk > 1 << 30 {
+            return Err(HelloError::BadChunk(h.min_chunk));
+        }
+        Ok(h)
+    }
+}
+
+pub const ACK_SIZE: usize = 16;
+const ACK_MAGIC: u32 = 0x5256_414b; // "RVAK"
+pub const ACK_OK: u32 = 0;
+pub const ACK_BAD_MAGIC: u32 = 1;
+
+pub fn encode_ack(conn_id: u64, status: u32) -> [u8; ACK_SIZE] {
+    let mut b = [0u8; ACK_SIZE];
+    b[0..4].copy_from_slice(&ACK_MAGIC.to_le_bytes());
+    b[4..8].copy_from_slice(&status.to_le_bytes());
+    b[8..16].copy_from_slice(&conn_id.to_le_bytes());
+    b
+}
+
+/// `Some((conn_id, status))`, or None when the bytes are not an ack.
+pub fn decode_ack(b: &[u8; ACK_SIZE]) -> Option<(u64, u32)> {
+    (rd_u32(b, 0) == ACK_MAGIC).then(|| (rd_u64(b, 8), rd_u32(b, 4)))
+}
+
+pub const MSG_HDR_SIZE: usize = 24;
+const MSG_MAGIC: u32 = 0x5256_4d48; // "RVMH"
+
+/// Sent on stream 0 before each message's first chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MsgHeader {
+    pub seq: u32,
+    pub size: u64,
+    pub tag: i32,
+}
+
+impl MsgHeader {
+    pub fn encode(&self, b: &mut [u8; MSG_HDR_SIZE]) {
+        b[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.seq.to_le_bytes());
+        b[8..16].copy_from_slice(&self.size.to_le_bytes());
+        b[16..20].copy_from_slice(&self.tag.to_le_bytes());
+        b[20..24].fill(0);
+    }
+
+    pub fn decode(b: &[u8; MSG_HDR_SIZE]) -> Option<MsgHeader> {
+        (rd_u32(b, 0) == MSG_MAGIC).then(|| MsgHeader {
+            seq: rd_u32(b, 4),
+            size: rd_u64(b, 8),
+            tag: rd_u32(b, 16) as i32,
+        })
+    }
+}
+
+/// How a message of `size` bytes is spread over `nstreams` streams: `(k, chunk)` where stream
+/// `j < k` carries bytes `[j*chunk, min((j+1)*chunk, size))`. Every part but the last is a multiple
+/// of 4 KiB and at least `min_chunk`; every part is non-empty (a 0-byte message has k = 1, chunk = 0).
+pub fn split(size: usize, nstreams: usize, min_chunk: usize) -> (usize, usize) {
+    if size == 0 {
+        return (1, 0);
+    }
+    let k = (size / min_chunk.max(1)).clamp(1, nstreams.max(1));
+    let chunk = size.div_ceil(k).next_multiple_of(4096);
+    (size.div_ceil(chunk), chunk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handle_roundtrip_and_stage() {
+        for addr in ["127.0.0.1:4242", "[fd00::2]:65535"] {
+            let h = Handle { transport: TRANSPORT_SOCKET, magic: 0xdead_beef_1234, addr: addr.parse().unwrap() };
+            let mut b = [0xffu8; HANDLE_SIZE];
+            h.encode(&mut b);
+            assert_eq!(stage_get(&b), (0, 0), "a fresh handle has no connect stage");
+            stage_set(&mut b, 77, 99);
+            assert_eq!(Handle::decode(&b).unwrap(), h);
+            assert_eq!(stage_get(&b), (77, 99));
+        }
+    }
+
+    #[test]
+    fn handle_rejects_foreign_bytes() {
+        let mut b = [0u8; HANDLE_SIZE];
+        assert!(matches!(Handle::decode(&b), Err(HandleError::NotRivet(0))));
+        let h = Handle { transport: 1, magic: 5, addr: "1.2.3.4:5".parse().unwrap() };
+        h.encode(&mut b);
+        b[4] = 9;
+        assert_eq!(Handle::decode(&b), Err(HandleError::Version(9)));
+        h.encode(&mut b);
+        b[6] = 5;
+        assert_eq!(Handle::decode(&b), Err(HandleError::Family(5)));
+    }
+
+    #[test]
+    fn hello_roundtrip_and_validation() {
+        let h = Hello { listen_magic: 1, conn_id: 2, stream: 3, nstreams: 4, min_chunk: 65536 };
+        assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        let bad = Hello { stream: 4, ..h };
+        assert!(matches!(Hello::decode(&bad.encode()), Err(HelloError::BadStreams { .. })));
+        let bad = Hello { nstreams: 17, stream: 0, ..h };
+        assert!(matches!(Hello::decode(&bad.encode()), Err(HelloError::BadStreams { .. })));
+        let bad = Hello { min_chunk: 1, ..h };
+        assert!(matches!(Hello::decode(&bad.encode()), Err(HelloError::BadChunk(1))));
+        let mut g = [0u8; HELLO_SIZE];
+        g[..4].copy_from_slice(b"GET ");
+        assert!(matches!(Hello::decode(&g), Err(HelloError::Garbage(_))));
+    }
+
+    #[test]
+    fn ack_and_header_roundtrip() {
+        assert_eq!(decode_ack(&encode_ack(42, ACK_BAD_MAGIC)), Some((42, ACK_BAD_MAGIC)));
+        assert_eq!(decode_ack(&[0u8; ACK_SIZE]), None);
+        let m = MsgHeader { seq: 7, size: 1 << 33, tag: -5 };
+        let mut b = [0u8; MSG_HDR_SIZE];
+        m.encode(&mut b);
+        assert_eq!(MsgHeader::decode(&b), Some(m));
+        b[0] ^= 1;
+        assert_eq!(MsgHeader::decode(&b), None);
+    }
+
+    #[test]
+    fn split_covers_every_byte_once() {
+        for &n in &[1usize, 2, 3, 4, 8, 16] {
+            for &size in &[0usize, 1, 4095, 4096, 65536, 65537, 131072, 1 << 20, (1 << 20) + 3, 16 << 20, 1000003] {
+                let (k, chunk) = split(size, n, 65536);
+                assert!(k >= 1 && k <= n, "size {size} n {n}: k {k}");
+                if size == 0 {
+                    assert_eq!((k, chunk), (1, 0));
+                    continue;
+                }
+                let mut covered = 0;
+                for j in 0..k {
+                    let lo = j * chunk;
+                    let hi = ((j + 1) * chunk).min(size);
+                    assert!(lo < hi, "empty part {j} for size {size} n {n}");
+                    if j + 1 < k {
+                        assert!(hi - lo >= 65536 && (hi - lo) % 4096 == 0);
+                    }
+                    covered += hi - lo;
+                }
+                assert_eq!(covered, size);
+                if size < 2 * 65536 {
+                    assert_eq!(k, 1, "small messages use one stream");
+                }
+            }
+        }
+    }
+}

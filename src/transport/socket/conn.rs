@@ -1,0 +1,423 @@
+//! The TCP data path. A connection is `n` streams; each message is a 24-byte header on stream 0
+//! followed by its bytes split over the streams as `proto::split` says. Everything is
+//! non-blocking and progressed from `test` (and eagerly from `isend`/`irecv`); all bookkeeping
+//! is preallocated, so posting and completing a message allocates nothing.
+
+use super::sock::{self, Io};
+use crate::error::{Error, Result};
+use crate::proto::{split, MsgHeader, MSG_HDR_SIZE};
+use crate::transport::{Conn, RecvBuf, MAX_RECVS};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+/// Send slots: NCCL keeps up to 32 requests in flight, times maxRecvs on the send side.
+pub const SEND_SLOTS: usize = crate::abi::types::NCCL_NET_MAX_REQUESTS * MAX_RECVS;
+pub const RECV_SLOTS: usize = crate::abi::types::NCCL_NET_MAX_REQUESTS;
+const MAX_IOV: usize = 16;
+
+/// A byte range still to move on one stream for one request slot.
+#[derive(Clone, Copy)]
+struct Task {
+    slot: u32,
+    ptr: *mut u8,
+    len: usize,
+    off: usize,
+}
+
+struct Streams {
+    _fds: Vec<OwnedFd>,
+    raw: Vec<RawFd>,
+    queues: Vec<VecDeque<Task>>,
+    peer: SocketAddr,
+    min_chunk: usize,
+    failed: Option<Error>,
+}
+
+unsafe impl Send for Streams {}
+
+impl Streams {
+    fn new(fds: Vec<OwnedFd>, peer: SocketAddr, min_chunk: usize, per_queue: usize) -> Streams {
+        let raw = fds.iter().map(|f| f.as_raw_fd()).collect::<Vec<_>>();
+        let queues = (0..fds.len()).map(|_| VecDeque::with_capacity(per_queue)).collect();
+        Streams { _fds: fds, raw, queues, peer, min_chunk, failed: None }
+    }
+
+    fn check(&self) -> Result<()> {
+        match &self.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        if self.failed.is_none() {
+            self.failed = Some(e.clone());
+        }
+        e
+    }
+
+    fn io_error(&self, stream: usize, dir: &str, e: std::io::Error) -> Error {
+        let peer = self.peer;
+        match e.raw_os_error() {
+            Some(libc::EPIPE) | Some(libc::ECONNRESET) => Error::remote(format!(
+                "connection to {peer} (stream {stream}) was reset while {dir}: the peer process closed or died"
+            )),
+            Some(libc::ETIMEDOUT) => Error::remote(format!(
+                "connection to {peer} (stream {stream}) timed out while {dir}: the peer stopped acknowledging data for RIVET_TIMEOUT seconds (host down or network partition)"
+            )),
+            _ => Error::system(format!("{dir} on stream {stream} to {peer}: {e}")),
+        }
+    }
+
+    fn closed_error(&self, stream: usize) -> Error {
+        Error::remote(format!(
+            "connection to {} (stream {stream}) closed by the peer in the middle of a transfer: the peer process exited or died",
+            self.peer
+        ))
+    }
+}
+
+struct SendSlot {
+    hdr: [u8; MSG_HDR_SIZE],
+    size: usize,
+    pending: u32,
+    busy: bool,
+}
+
+pub struct SendConn {
+    s: Streams,
+    slots: Box<[SendSlot]>,
+    free: Vec<u32>,
+    next_seq: u32,
+    iov: Vec<libc::iovec>,
+}
+
+unsafe impl Send for SendConn {}
+
+impl SendConn {
+    pub fn new(fds: Vec<OwnedFd>, peer: SocketAddr, min_chunk: usize) -> SendConn {
+        let slots = (0..SEND_SLOTS)
+            .map(|_| SendSlot { hdr: [0; MSG_HDR_SIZE], size: 0, pending: 0, busy: false })
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        SendConn {
+            s: Streams::new(fds, peer, min_chunk, 2 * SEND_SLOTS),
+            slots,
+            free: (0..SEND_SLOTS as u32).rev().collect(),
+            next_seq: 0,
+            iov: Vec::with_capacity(MAX_IOV),
+        }
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        self.s.check()?;
+        for j in 0..self.s.raw.len() {
+            if let Err(e) = self.flush_stream(j) {
+                return Err(self.s.fail(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Write as much of stream `j`'s queue as the socket takes, gathering up to MAX_IOV tasks.
+    fn flush_stream(&mut self, j: usize) -> Result<()> {
+        loop {
+            let q = &self.s.queues[j];
+            if q.is_empty() {
+                return Ok(());
+            }
+            self.iov.clear();
+            for t in q.iter().take(MAX_IOV) {
+                self.iov.push(libc::iovec {
+                    iov_base: unsafe { t.ptr.add(t.off) } as *mut libc::c_void,
+                    iov_len: t.len - t.off,
+                });
+            }
+            let n = match sock::send_iov(self.s.raw[j], &self.iov) {
+                Ok(Io::Done(n)) => n,
+                Ok(_) => return Ok(()),
+                Err(e) => return Err(self.s.io_error(j, "sending", e)),
+            };
+            let mut left = n;
+            while left > 0 {
+                let t = self.s.queues[j].front_mut().expect("bytes sent beyond the queue");
+                let take = left.min(t.len - t.off);
+                t.off += take;
+                left -= take;
+                if t.off == t.len {
+                    let slot = t.slot as usize;
+                    self.s.queues[j].pop_front();
+                    self.slots[slot].pending -= 1;
+                }
+            }
+        }
+    }
+}
+
+impl Conn for SendConn {
+    fn isend(&mut self, data: *const u8, size: usize, tag: i32) -> Result<Option<u32>> {
+        self.s.check()?;
+        let Some(slot) = self.free.pop() else { return Ok(None) };
+        let seq = self.next_seq;
+        self.next_seq = self.next_seq.wrapping_add(1);
+        let sl = &mut self.slots[slot as usize];
+        MsgHeader { seq, size: size as u64, tag }.encode(&mut sl.hdr);
+        sl.size = size;
+        sl.busy = true;
+        let (k, chunk) = split(size, self.s.raw.len(), self.s.min_chunk);
+        let hdr_ptr = sl.hdr.as_mut_ptr();
+        self.s.queues[0].push_back(Task { slot, ptr: hdr_ptr, len: MSG_HDR_SIZE, off: 0 });
+        let mut pending = 1;
+        if size > 0 {
+            for j in 0..k {
+                let lo = j * chunk;
+                let hi = ((j + 1) * chunk).min(size);
+                let ptr = unsafe { data.add(lo) } as *mut u8;
+                self.s.queues[j].push_back(Task { slot, ptr, len: hi - lo, off: 0 });
+                pending += 1;
+            }
+        }
+        self.slots[slot as usize].pending = pending;
+        self.progress()?;
+        Ok(Some(slot))
+    }
+
+    fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
+        let sl = self.slots.get(slot as usize).ok_or_else(|| Error::internal("request slot out of range"))?;
+        if !sl.busy {
+            return Err(Error::internal("test on a request that is not in flight (already completed?)"));
+        }
+        if sl.pending > 0 {
+            self.progress()?;
+        }
+        let sl = &mut self.slots[slot as usize];
+        if sl.pending > 0 {
+            return Ok(None);
+        }
+        sl.busy = false;
+        sizes[0] = sl.size;
+        self.free.push(slot);
+        Ok(Some(1))
+    }
+
+    fn capacity(&self) -> usize {
+        SEND_SLOTS
+    }
+
+    fn peer(&self) -> String {
+        self.s.peer.to_string()
+    }
+}
+
+struct RecvSlot {
+    n: usize,
+    bufs: [RecvBuf; MAX_RECVS],
+    sizes: [usize; MAX_RECVS],
+    matched: u16,
+    nmatched: usize,
+    pending: u32,
+    busy: bool,
+}
+
+pub struct RecvConn {
+    s: Streams,
+    slots: Box<[RecvSlot]>,
+    free: Vec<u32>,
+    /// Posted receives whose messages have not all been matched yet, in posting order.
+    posted: VecDeque<u32>,
+    hdr: [u8; MSG_HDR_SIZE],
+    hdr_got: usize,
+    expect_seq: u32,
+}
+
+unsafe impl Send for RecvConn {}
+
+impl RecvConn {
+    pub fn new(fds: Vec<OwnedFd>, peer: SocketAddr, min_chunk: usize) -> RecvConn {
+        let empty = RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0 };
+        let slots = (0..RECV_SLOTS)
+            .map(|_| RecvSlot {
+                n: 0,
+                bufs: [empty; MAX_RECVS],
+                sizes: [0; MAX_RECVS],
+                matched: 0,
+                nmatched: 0,
+                pending: 0,
+                busy: false,
+            })
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        RecvConn {
+            s: Streams::new(fds, peer, min_chunk, RECV_SLOTS * MAX_RECVS),
+            slots,
+            free: (0..RECV_SLOTS as u32).rev().collect(),
+            posted: VecDeque::with_capacity(RECV_SLOTS),
+            hdr: [0; MSG_HDR_SIZE],
+            hdr_got: 0,
+            expect_seq: 0,
+        }
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        self.s.check()?;
+        let r = self.progress_inner();
+        r.map_err(|e| self.s.fail(e))
+    }
+
+    fn progress_inner(&mut self) -> Result<()> {
+        // Stream 0 interleaves headers and each message's first part: alternate in order.
+        loop {
+            if !self.s.queues[0].is_empty() {
+                if !self.drain(0)? {
+                    break;
+                }
+                continue;
+            }
+            if self.posted.is_empty() {
+                break;
+            }
+            let fd = self.s.raw[0];
+            let got = self.hdr_got;
+            match sock::recv_into(fd, unsafe { self.hdr.as_mut_ptr().add(got) }, MSG_HDR_SIZE - got) {
+                Ok(Io::Done(n)) => {
+                    self.hdr_got += n;
+                    if self.hdr_got == MSG_HDR_SIZE {
+                        self.hdr_got = 0;
+                        self.on_header()?;
+                    }
+                }
+                Ok(Io::WouldBlock) => break,
+                Ok(Io::Closed) => return Err(self.s.closed_error(0)),
+                Err(e) => return Err(self.s.io_error(0, "receiving", e)),
+            }
+        }
+        for j in 1..self.s.raw.len() {
+            self.drain(j)?;
+        }
+        Ok(())
+    }
+
+    /// Read into stream `j`'s queued tasks until it is empty (true) or the socket has no data (false).
+    fn drain(&mut self, j: usize) -> Result<bool> {
+        while let Some(t) = self.s.queues[j].front_mut() {
+            let (ptr, want) = (unsafe { t.ptr.add(t.off) }, t.len - t.off);
+            match sock::recv_into(self.s.raw[j], ptr, want) {
+                Ok(Io::Done(n)) => {
+                    t.off += n;
+                    if t.off == t.len {
+                        let slot = t.slot as usize;
+                        self.s.queues[j].pop_front();
+                        self.slots[slot].pending -= 1;
+                    }
+                }
+                Ok(Io::WouldBlock) => return Ok(false),
+                Ok(Io::Closed) => return Err(self.s.closed_error(j)),
+                Err(e) => return Err(self.s.io_error(j, "receiving", e)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Match a complete header to the oldest posted receive and queue its parts.
+    fn on_header(&mut self) -> Result<()> {
+        let peer = self.s.peer;
+        let h = MsgHeader::decode(&self.hdr).ok_or_else(|| {
+            Error::remote(format!("protocol error from {peer}: corrupted message header (stream out of sync)"))
+        })?;
+        if h.seq != self.expect_seq {
+            return Err(Error::remote(format!(
+                "protocol error from {peer}: message {} arrived where {} was expected",
+                h.seq, self.expect_seq
+            )));
+        }
+        self.expect_seq = self.expect_seq.wrapping_add(1);
+        let slot = *self.posted.front().expect("header read without a posted receive");
+        let sl = &mut self.slots[slot as usize];
+        let idx = if sl.n == 1 {
+            0
+        } else {
+            (0..sl.n).find(|&i| sl.matched & (1 << i) == 0 && sl.bufs[i].tag == h.tag).ok_or_else(|| {
+                let tags: Vec<i32> = sl.bufs[..sl.n].iter().map(|b| b.tag).collect();
+                Error::usage(format!(
+                    "collective mismatch with {peer}: a message with tag {} does not match any open buffer of the grouped receive (tags {tags:?})",
+                    h.tag
+                ))
+            })?
+        };
+        let size = h.size as usize;
+        let cap = sl.bufs[idx].size;
+        if h.size > cap as u64 {
+            return Err(Error::usage(format!(
+                "collective mismatch with {peer}: the peer sent {} bytes with tag {} but the posted receive holds only {cap} bytes; every rank must run the same collectives with the same counts and datatypes",
+                h.size, h.tag
+            )));
+        }
+        sl.matched |= 1 << idx;
+        sl.nmatched += 1;
+        sl.sizes[idx] = size;
+        let base = sl.bufs[idx].ptr;
+        if sl.nmatched == sl.n {
+            self.posted.pop_front();
+        }
+        if size > 0 {
+            let (k, chunk) = split(size, self.s.raw.len(), self.s.min_chunk);
+            for j in 0..k {
+                let lo = j * chunk;
+                let hi = ((j + 1) * chunk).min(size);
+                self.s.queues[j].push_back(Task { slot, ptr: unsafe { base.add(lo) }, len: hi - lo, off: 0 });
+            }
+            self.slots[slot as usize].pending += k as u32;
+        }
+        Ok(())
+    }
+}
+
+impl Conn for RecvConn {
+    fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+        self.s.check()?;
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
+            return Err(Error::internal(format!("irecv with n={} (1..={MAX_RECVS} accepted)", bufs.len())));
+        }
+        let Some(slot) = self.free.pop() else { return Ok(None) };
+        let sl = &mut self.slots[slot as usize];
+        sl.n = bufs.len();
+        sl.bufs[..bufs.len()].copy_from_slice(bufs);
+        sl.sizes = [0; MAX_RECVS];
+        sl.matched = 0;
+        sl.nmatched = 0;
+        sl.pending = 0;
+        sl.busy = true;
+        self.posted.push_back(slot);
+        self.progress()?;
+        Ok(Some(slot))
+    }
+
+    fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
+        let sl = self.slots.get(slot as usize).ok_or_else(|| Error::internal("request slot out of range"))?;
+        if !sl.busy {
+            return Err(Error::internal("test on a request that is not in flight (already completed?)"));
+        }
+        let done = |s: &RecvSlot| s.nmatched == s.n && s.pending == 0;
+        if !done(sl) {
+            self.progress()?;
+        }
+        let sl = &mut self.slots[slot as usize];
+        if !done(sl) {
+            return Ok(None);
+        }
+        sl.busy = false;
+        sizes[..sl.n].copy_from_slice(&sl.sizes[..sl.n]);
+        let n = sl.n;
+        self.free.push(slot);
+        Ok(Some(n))
+    }
+
+    fn capacity(&self) -> usize {
+        RECV_SLOTS
+    }
+
+    fn peer(&self) -> String {
+        self.s.peer.to_string()
+    }
+}

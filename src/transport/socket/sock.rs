@@ -1,0 +1,219 @@
+//! Thin, non-blocking socket helpers over libc (every call uses MSG_NOSIGNAL / MSG_DONTWAIT, so a
+//! dead peer is an error return, never SIGPIPE, and nothing here blocks).
+
+use crate::error::{Error, Result};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_scope_id = a.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as i32 {
+        libc::AF_INET => {
+            let sin = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            Some(SocketAddr::new(
+                IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()),
+                u16::from_be(sin.sin_port),
+            ))
+        }
+        libc::AF_INET6 => {
+            let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            Some(SocketAddr::new(IpAddr::from(sin6.sin6_addr.s6_addr), u16::from_be(sin6.sin6_port)))
+        }
+        _ => None,
+    }
+}
+
+fn new_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
+    let fam = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let fd = unsafe { libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn setopt<T>(fd: RawFd, level: i32, name: i32, v: T) -> io::Result<()> {
+    let rc = unsafe {
+        libc::setsockopt(fd, level, name, &v as *const T as *const libc::c_void, std::mem::size_of::<T>() as u32)
+    };
+    if rc != 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// A listening socket on `ip`, ephemeral port, non-blocking. Returns the fd and the bound address.
+pub fn listen(ip: IpAddr) -> Result<(OwnedFd, SocketAddr)> {
+    let want = SocketAddr::new(ip, 0);
+    let fd = new_socket(&want).map_err(|e| Error::os("socket()", e))?;
+    let _ = setopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1i32);
+    let (ss, len) = sockaddr(&want);
+    if unsafe { libc::bind(fd.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) } != 0 {
+        return Err(Error::os(format!("bind({want})"), io::Error::last_os_error()));
+    }
+    if unsafe { libc::listen(fd.as_raw_fd(), 1024) } != 0 {
+        return Err(Error::os(format!("listen({want})"), io::Error::last_os_error()));
+    }
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    if unsafe { libc::getsockname(fd.as_raw_fd(), &mut ss as *mut _ as *mut libc::sockaddr, &mut len) } != 0 {
+        return Err(Error::os("getsockname()", io::Error::last_os_error()));
+    }
+    let bound = from_sockaddr(&ss).ok_or_else(|| Error::system("getsockname(): unknown family"))?;
+    Ok((fd, bound))
+}
+
+/// Accept one pending connection, if any.
+pub fn accept(lfd: &OwnedFd) -> Result<Option<(OwnedFd, SocketAddr)>> {
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let fd = unsafe {
+        libc::accept4(
+            lfd.as_raw_fd(),
+            &mut ss as *mut _ as *mut libc::sockaddr,
+            &mut len,
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) | Some(libc::ECONNABORTED) => Ok(None),
+            _ => Err(Error::os("accept()", e)),
+        };
+    }
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let peer = from_sockaddr(&ss).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+    Ok(Some((fd, peer)))
+}
+
+/// Start a non-blocking connect; completion is checked with [`connect_done`].
+pub fn connect_start(addr: &SocketAddr) -> Result<OwnedFd> {
+    let fd = new_socket(addr).map_err(|e| Error::os("socket()", e))?;
+    let (ss, len) = sockaddr(addr);
+    let rc = unsafe { libc::connect(fd.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(connect_error(addr, e));
+        }
+    }
+    Ok(fd)
+}
+
+fn connect_error(addr: &SocketAddr, e: io::Error) -> Error {
+    let hint = match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => ": nothing listens there any more (did the peer process exit?)",
+        Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH) => {
+            ": no route; check NCCL_SOCKET_IFNAME selects an interface both hosts can reach"
+        }
+        _ => "",
+    };
+    Error::system(format!("connect to {addr} failed: {e}{hint}"))
+}
+
+/// Ok(true) once the connect finished, Ok(false) while it is in progress.
+pub fn connect_done(fd: &OwnedFd, addr: &SocketAddr) -> Result<bool> {
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n <= 0 {
+        return Ok(false);
+    }
+    let mut err: i32 = 0;
+    let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+    unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut i32 as *mut _, &mut len)
+    };
+    if err != 0 {
+        return Err(connect_error(addr, io::Error::from_raw_os_error(err)));
+    }
+    Ok(true)
+}
+
+/// Options for a data stream: no Nagle delay, and a dead or unreachable peer detected within
+/// `timeout` (TCP_USER_TIMEOUT for unacknowledged data, keepalive for an idle connection).
+pub fn tune(fd: &OwnedFd, timeout: Duration) {
+    let f = fd.as_raw_fd();
+    let secs = timeout.as_secs().max(1) as i32;
+    let _ = setopt(f, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1i32);
+    let _ = setopt(f, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, (secs as u32).saturating_mul(1000));
+    let _ = setopt(f, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1i32);
+    let _ = setopt(f, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, (secs / 2).max(1));
+    let _ = setopt(f, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, (secs / 6).max(1));
+    let _ = setopt(f, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3i32);
+}
+
+pub enum Io {
+    /// This many bytes moved.
+    Done(usize),
+    /// Nothing can move now.
+    WouldBlock,
+    /// The peer closed its end (read returned 0).
+    Closed,
+}
+
+fn classify(rc: isize) -> io::Result<Io> {
+    if rc > 0 {
+        return Ok(Io::Done(rc as usize));
+    }
+    if rc == 0 {
+        return Ok(Io::Closed);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(Io::WouldBlock),
+        _ => Err(e),
+    }
+}
+
+/// Gathered non-blocking send. An empty `iov` is a no-op.
+pub fn send_iov(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Io> {
+    if iov.is_empty() {
+        return Ok(Io::Done(0));
+    }
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len();
+    let rc = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    match classify(rc)? {
+        // A zero-byte send of a non-empty iovec cannot happen on a stream socket; treat as blocked.
+        Io::Closed => Ok(Io::WouldBlock),
+        x => Ok(x),
+    }
+}
+
+/// Non-blocking receive into `buf[..len]`.
+pub fn recv_into(fd: RawFd, buf: *mut u8, len: usize) -> io::Result<Io> {
+    let rc = unsafe { libc::recv(fd, buf as *mut libc::c_void, len, libc::MSG_DONTWAIT) };
+    classify(rc)
+}
+
+/// Best-effort non-blocking send of a small control message (a NACK before closing).
+pub fn send_small(fd: &OwnedFd, b: &[u8]) -> io::Result<Io> {
+    let iov = libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() };
+    send_iov(fd.as_raw_fd(), &[iov])
+}
