@@ -61,13 +61,15 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char* fil
   static const char* names[] = {"NONE", "VERSION", "WARN", "INFO", "ABORT", "TRACE"};
   if (!g_verbose && level != NCCL_LOG_WARN) return;
   const char* lv = ((unsigned)level < 6) ? names[level] : "?";
-  char msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt ? fmt : "", ap);
+  flockfile(stderr);
+  fprintf(stderr, "[pid %d] plugin %s (flags 0x%lx) %s:%d ", (int)getpid(), lv, flags,
+          file ? file : "?", line);
+  vfprintf(stderr, fmt ? fmt : "", ap);
+  fputc('\n', stderr);
+  funlockfile(stderr);
   va_end(ap);
-  fprintf(stderr, "[pid %d] plugin %s (flags 0x%lx) %s:%d %s\n", (int)getpid(), lv, flags,
-          file ? file : "?", line, msg);
 }
 
 /* Deterministic byte pattern: depends on seed and index, not periodic. */
@@ -1104,17 +1106,18 @@ static int child_ring(Child* c, void* arg) {
   int prev = (c->rank + c->n - 1) % c->n;
   Buf sb, rb;
   if (buf_get(c, k.sc, sz, &sb) || buf_get(c, k.rc, sz, &rb)) return 1;
-  double t0 = now_s();
+  double dt = 0;
   for (int it = 0; it < 5; it++) {
     fill(sb.p, sz, seed3((uint32_t)c->rank, (uint32_t)it, 5));
     memset(rb.p, 0, sz);
     int got = -1;
+    double t0 = now_s();
     if (xfer(c, &sb, sz, &rb, sz, it, &got)) return 1;
+    dt += now_s() - t0;
     if ((size_t)got != sz) FAIL(c, "iteration %d: got %d bytes", it, got);
     long bad = check(rb.p, sz, seed3((uint32_t)prev, (uint32_t)it, 5));
     if (bad >= 0) FAIL(c, "iteration %d: byte %ld from rank %d wrong", it, bad, prev);
   }
-  double dt = now_s() - t0;
   if (buf_put(c, &sb) || buf_put(c, &rb)) return 1;
   if (child_barrier(c)) FAIL(c, "barrier failed");
   if (conn_close(c, &k) || child_finalize(c)) return 1;
@@ -1474,8 +1477,8 @@ static int child_badargs(Child* c, void* arg) {
   if (rneg == ncclSuccess) FAIL(c, "getProperties(-1) returned success");
   uint8_t handle[HSIZE];
   void* lc = NULL;
-  r = net_listen(&c->net, c->ctx, -1, handle, &lc);
-  if (r == ncclSuccess) FAIL(c, "listen(dev -1) returned success");
+  ncclResult_t rl = net_listen(&c->net, c->ctx, -1, handle, &lc);
+  if (rl == ncclSuccess) FAIL(c, "listen(dev -1) returned success");
   int done = 0;
   ncclResult_t rt = c->net.test(NULL, &done, NULL);
   if (rt == ncclSuccess) FAIL(c, "test(NULL) returned success");
@@ -1492,7 +1495,7 @@ static int child_badargs(Child* c, void* arg) {
   ncclResult_t rcl = c->net.closeListen(NULL);
   if (conn_close(c, &k) || child_finalize(c)) return 1;
   child_detail(c, "props(-1)=%d listen(-1)=%d test(NULL)=%d deregMr(NULL)=%d/%d close*(NULL)=%d/%d/%d",
-               rneg, r == ncclSuccess ? 0 : (int)r, rt, rd1, rd2, rcs, rcr, rcl);
+               rneg, rl, rt, rd1, rd2, rcs, rcr, rcl);
   return 0;
 }
 

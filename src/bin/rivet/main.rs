@@ -1,0 +1,142 @@
+//! `rivet`: drives the built plugin through the same C ABI NCCL uses.
+//!
+//!   rivet perf [--sizes 64K,1M,...] [--window W] [--bytes TOTAL] [--lat-iters N]
+//!   rivet allreduce -n N [-b MIN] [-e MAX] [-f FACTOR] [--iters I] [--warmup W]
+//!   rivet info
+//!   rivet config
+//! Common: --lib PATH (or RIVET_LIB) picks the plugin library.
+
+mod allreduce;
+mod net;
+mod peer;
+mod perf;
+
+use net::Res;
+use std::time::Duration;
+
+pub struct Args {
+    pub rest: Vec<String>,
+}
+
+impl Args {
+    /// Take `--name VALUE` (or `-n VALUE`) out of the list.
+    pub fn opt(&mut self, names: &[&str]) -> Option<String> {
+        let i = self.rest.iter().position(|a| names.contains(&a.as_str()))?;
+        if i + 1 >= self.rest.len() {
+            return None;
+        }
+        let v = self.rest.remove(i + 1);
+        self.rest.remove(i);
+        Some(v)
+    }
+}
+
+/// "64K", "16M", "1G", "4096".
+pub fn parse_size(s: &str) -> Res<usize> {
+    let s = s.trim().to_ascii_uppercase();
+    let (num, mul) = match s.chars().last() {
+        Some('K') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (&s[..], 1),
+    };
+    num.parse::<usize>().map(|n| n * mul).map_err(|_| format!("bad size '{s}' (examples: 4096, 64K, 16M, 1G)"))
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage:\n  rivet perf [--sizes 64K,1M,16M,256M] [--window 8] [--bytes 1G] [--lat-iters 2000] [--lib PATH]\n  \
+         rivet allreduce -n NPROCS [-b 8] [-e 32M] [-f 4] [--iters 20] [--warmup 5] [--lib PATH]\n  \
+         rivet info [--lib PATH]     devices and properties as NCCL sees them\n  \
+         rivet config                every environment variable rivet reads, with its value\n\
+         The plugin is --lib PATH, $RIVET_LIB, or libnccl-net-rivet.so next to this executable."
+    );
+    std::process::exit(2)
+}
+
+fn run() -> Res<i32> {
+    let mut argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.is_empty() {
+        usage();
+    }
+    let cmd = argv.remove(0);
+    if cmd == "__peer" {
+        // Internal: one rank of a local multi-process run started by `launch`.
+        let mode = argv.remove(0);
+        let rank: usize = argv.remove(0).parse().map_err(|_| "bad rank")?;
+        let nranks: usize = argv.remove(0).parse().map_err(|_| "bad nranks")?;
+        let mut a = Args { rest: argv };
+        let lib = net::find_library(a.opt(&["--lib"]).as_deref())?;
+        let wrong = match mode.as_str() {
+            "perf" => perf::peer(&lib, rank, nranks, &mut a)?,
+            "allreduce" => allreduce::peer(&lib, rank, nranks, &mut a)?,
+            m => return Err(format!("unknown peer mode {m}")),
+        };
+        println!("DONE wrong={wrong}");
+        return Ok(0);
+    }
+    let mut a = Args { rest: argv };
+    let timeout = Duration::from_secs(600);
+    match cmd.as_str() {
+        "perf" => {
+            let lib = net::find_library(a.opt(&["--lib"]).as_deref())?;
+            perf::check_args(&mut Args { rest: a.rest.clone() })?;
+            let mut args = a.rest.clone();
+            args.extend(["--lib".to_string(), lib.display().to_string()]);
+            peer::launch(2, "perf", &args, timeout)?;
+            Ok(0)
+        }
+        "allreduce" => {
+            let n: usize = a.opt(&["-n", "--nprocs"]).unwrap_or_else(|| "2".into()).parse().map_err(|_| "bad -n")?;
+            if !(2..=64).contains(&n) {
+                return Err("-n must be between 2 and 64".into());
+            }
+            let lib = net::find_library(a.opt(&["--lib"]).as_deref())?;
+            allreduce::check_args(&mut Args { rest: a.rest.clone() })?;
+            let mut args = a.rest.clone();
+            args.extend(["--lib".to_string(), lib.display().to_string()]);
+            let wrong = peer::launch(n, "allreduce", &args, timeout)?;
+            println!("# Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" });
+            Ok(if wrong == 0 { 0 } else { 1 })
+        }
+        "info" => {
+            let lib = net::find_library(a.opt(&["--lib"]).as_deref())?;
+            let n = net::Net::load(&lib)?;
+            println!("library: {}", std::fs::canonicalize(&n.path).unwrap_or(n.path.clone()).display());
+            for d in 0..n.ndev()? {
+                let p = n.props(d)?;
+                let s = |c: *mut std::ffi::c_char| {
+                    if c.is_null() {
+                        "(none)".to_string()
+                    } else {
+                        unsafe { std::ffi::CStr::from_ptr(c) }.to_string_lossy().into_owned()
+                    }
+                };
+                println!(
+                    "dev {d}: name {} pci {} guid {:#x} speed {} Mb/s ptrSupport {:#x} regIsGlobal {} maxComms {} maxRecvs {} maxP2pBytes {}",
+                    s(p.name), s(p.pciPath), p.guid, p.speed, p.ptrSupport, p.regIsGlobal, p.maxComms, p.maxRecvs, p.maxP2pBytes
+                );
+            }
+            Ok(0)
+        }
+        "config" => {
+            for v in nccl_net_rivet::config::VARS {
+                let cur = std::env::var(v.name).unwrap_or_else(|_| "(unset)".into());
+                println!("{:<24} default {:<22} now {:<12} {}", v.name, v.default, cur, v.meaning);
+            }
+            Ok(0)
+        }
+        "-h" | "--help" | "help" => usage(),
+        c => Err(format!("unknown command '{c}' (try `rivet --help`)")),
+    }
+}
+
+fn main() {
+    match run() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("rivet: error: {e}");
+            std::process::exit(1);
+        }
+    }
+}

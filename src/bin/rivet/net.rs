@@ -1,0 +1,187 @@
+//! The CLI's view of the plugin: the built `.so` loaded with dlopen and driven through its
+//! `ncclNetPlugin_v12` table, exactly as NCCL drives it.
+
+use nccl_net_rivet::abi::types::*;
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub type Res<T> = Result<T, String>;
+
+pub struct Net {
+    _lib: libloading::Library,
+    t: &'static ncclNet_v12_t,
+    ctx: *mut c_void,
+    pub path: PathBuf,
+    pub timeout: Duration,
+}
+
+/// `--lib`, `$RIVET_LIB`, or the library built next to this executable.
+pub fn find_library(arg: Option<&str>) -> Res<PathBuf> {
+    if let Some(p) = arg.map(String::from).or_else(|| std::env::var("RIVET_LIB").ok()) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    for name in ["libnccl-net-rivet.so", "libnccl_net_rivet.so"] {
+        for d in [dir.to_path_buf(), dir.join("../lib")] {
+            let p = d.join(name);
+            if p.exists() {
+                return Ok(p);
+            }
+        }
+    }
+    Err(format!(
+        "cannot find libnccl-net-rivet.so next to {} (build it with `cargo build --release`, or pass --lib PATH / set RIVET_LIB)",
+        exe.display()
+    ))
+}
+
+fn check(what: &str, r: ncclResult_t) -> Res<()> {
+    if r == NCCL_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{what} failed with ncclResult_t {r} (see the WARN line above)"))
+    }
+}
+
+impl Net {
+    pub fn load(path: &Path) -> Res<Net> {
+        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("dlopen {}: {e}", path.display()))?;
+        let sym: libloading::Symbol<*const ncclNet_v12_t> = unsafe { lib.get(b"ncclNetPlugin_v12\0") }
+            .map_err(|e| format!("{} has no ncclNetPlugin_v12: {e}", path.display()))?;
+        let t: &'static ncclNet_v12_t = unsafe { &**sym };
+        let mut ctx = std::ptr::null_mut();
+        let mut cfg = ncclNetCommConfig_t { trafficClass: -1 };
+        check("init", unsafe { t.init.unwrap()(&mut ctx, 0x5249_5645, &mut cfg, None, None) })?;
+        let timeout = Duration::from_secs(nccl_net_rivet::config::get().timeout_secs + 5);
+        Ok(Net { _lib: lib, t, ctx, path: path.to_path_buf(), timeout })
+    }
+
+    pub fn ndev(&self) -> Res<i32> {
+        let mut n = 0;
+        check("devices", unsafe { self.t.devices.unwrap()(&mut n) })?;
+        Ok(n)
+    }
+
+    pub fn props(&self, dev: i32) -> Res<ncclNetProperties_v12_t> {
+        let mut p: ncclNetProperties_v12_t = unsafe { std::mem::zeroed() };
+        check("getProperties", unsafe { self.t.getProperties.unwrap()(dev, &mut p) })?;
+        Ok(p)
+    }
+
+    pub fn listen(&self, dev: i32) -> Res<([u8; 128], *mut c_void)> {
+        let mut h = [0u8; 128];
+        let mut lc = std::ptr::null_mut();
+        check("listen", unsafe { self.t.listen.unwrap()(self.ctx, dev, h.as_mut_ptr() as *mut c_void, &mut lc) })?;
+        Ok((h, lc))
+    }
+
+    /// Connect to `peer` and accept one connection on `lc`, progressing both without blocking.
+    pub fn connect_accept(&self, dev: i32, peer: &mut [u8; 128], lc: *mut c_void) -> Res<(*mut c_void, *mut c_void)> {
+        let (mut sc, mut rc): (*mut c_void, *mut c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let deadline = Instant::now() + self.timeout;
+        while sc.is_null() || rc.is_null() {
+            if sc.is_null() {
+                let mut dc = std::ptr::null_mut();
+                check("connect", unsafe {
+                    self.t.connect.unwrap()(self.ctx, dev, peer.as_mut_ptr() as *mut c_void, &mut sc, &mut dc)
+                })?;
+            }
+            if rc.is_null() {
+                let mut dc = std::ptr::null_mut();
+                check("accept", unsafe { self.t.accept.unwrap()(lc, &mut rc, &mut dc) })?;
+            }
+            if Instant::now() > deadline {
+                return Err("connection setup timed out".into());
+            }
+        }
+        Ok((sc, rc))
+    }
+
+    pub fn reg(&self, comm: *mut c_void, buf: &mut [u8]) -> Res<*mut c_void> {
+        let mut mh = std::ptr::null_mut();
+        check("regMr", unsafe {
+            self.t.regMr.unwrap()(comm, buf.as_mut_ptr() as *mut c_void, buf.len(), NCCL_PTR_HOST, &mut mh)
+        })?;
+        Ok(mh)
+    }
+
+    pub fn dereg(&self, comm: *mut c_void, mh: *mut c_void) -> Res<()> {
+        check("deregMr", unsafe { self.t.deregMr.unwrap()(comm, mh) })
+    }
+
+    /// Post a send, retrying while the plugin pushes back (NULL request).
+    pub fn isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let mut req = std::ptr::null_mut();
+            check("isend", unsafe {
+                self.t.isend.unwrap()(sc, p as *mut c_void, size, tag, mh, std::ptr::null_mut(), &mut req)
+            })?;
+            if !req.is_null() {
+                return Ok(req);
+            }
+            if Instant::now() > deadline {
+                return Err("isend: no free request slot within the timeout".into());
+            }
+        }
+    }
+
+    pub fn irecv(&self, rc: *mut c_void, p: *mut u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let mut req = std::ptr::null_mut();
+            let mut data = p as *mut c_void;
+            let mut sz = size;
+            let mut tg = tag;
+            let mut m = mh;
+            check("irecv", unsafe {
+                self.t.irecv.unwrap()(rc, 1, &mut data, &mut sz, &mut tg, &mut m, std::ptr::null_mut(), &mut req)
+            })?;
+            if !req.is_null() {
+                return Ok(req);
+            }
+            if Instant::now() > deadline {
+                return Err("irecv: no free request slot within the timeout".into());
+            }
+        }
+    }
+
+    /// Some(size) once the request is done.
+    pub fn test(&self, req: *mut c_void) -> Res<Option<usize>> {
+        let (mut done, mut size) = (0, 0);
+        check("test", unsafe { self.t.test.unwrap()(req, &mut done, &mut size) })?;
+        Ok((done != 0).then_some(size as usize))
+    }
+
+    pub fn close(&self, sc: *mut c_void, rc: *mut c_void, lc: *mut c_void) {
+        unsafe {
+            self.t.closeSend.unwrap()(sc);
+            self.t.closeRecv.unwrap()(rc);
+            self.t.closeListen.unwrap()(lc);
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        unsafe { self.t.finalize.unwrap()(self.ctx) };
+    }
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn unhex(s: &str) -> Res<[u8; 128]> {
+    let s = s.trim();
+    if s.len() != 256 {
+        return Err(format!("bad handle line of {} chars", s.len()));
+    }
+    let mut out = [0u8; 128];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    Ok(out)
+}

@@ -1,0 +1,160 @@
+//! Local multi-process runs: the launcher starts N copies of this executable ("peers"), swaps
+//! their listen handles so that each connects to the next rank (a ring), forwards rank 0's output
+//! and gathers every rank's error count. Every wait is bounded.
+
+use crate::net::{hex, unhex, Net, Res};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Run `mode` on `n` local peers; returns the total #wrong reported by the peers.
+pub fn launch(n: usize, mode: &str, args: &[String], timeout: Duration) -> Res<u64> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
+    let mut kids: Vec<Child> = Vec::new();
+    let kill_all = |kids: &mut Vec<Child>| {
+        for k in kids.iter_mut() {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+    };
+    for r in 0..n {
+        let mut c = Command::new(&exe);
+        c.arg("__peer").arg(mode).arg(r.to_string()).arg(n.to_string()).args(args);
+        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = c.spawn().map_err(|e| format!("spawn {}: {e}", exe.display()))?;
+        let out = child.stdout.take().unwrap();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                match line {
+                    Ok(l) => {
+                        if tx.send((r, Some(l))).is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            let _ = tx.send((r, None));
+        });
+        kids.push(child);
+    }
+    let deadline = Instant::now() + timeout;
+    let mut handles: Vec<Option<String>> = vec![None; n];
+    let mut sent_peers = false;
+    let mut finished = 0;
+    let mut wrong = 0u64;
+    let mut failed: Option<String> = None;
+    while finished < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let msg = match rx.recv_timeout(left) {
+            Ok(m) => m,
+            Err(_) => {
+                failed = Some(format!("timed out after {}s", timeout.as_secs()));
+                break;
+            }
+        };
+        match msg {
+            (r, Some(line)) => {
+                if let Some(h) = line.strip_prefix("HANDLE ") {
+                    handles[r] = Some(h.to_string());
+                    if !sent_peers && handles.iter().all(|h| h.is_some()) {
+                        sent_peers = true;
+                        for (i, k) in kids.iter_mut().enumerate() {
+                            let next = handles[(i + 1) % n].as_ref().unwrap();
+                            let stdin = k.stdin.as_mut().unwrap();
+                            writeln!(stdin, "PEER {next}").map_err(|e| e.to_string())?;
+                        }
+                    }
+                } else if let Some(o) = line.strip_prefix("OUT ") {
+                    println!("{o}");
+                } else if let Some(w) = line.strip_prefix("DONE wrong=") {
+                    wrong += w.trim().parse::<u64>().unwrap_or(1);
+                }
+            }
+            (r, None) => {
+                finished += 1;
+                let st = kids[r].wait().map_err(|e| e.to_string())?;
+                if !st.success() && failed.is_none() {
+                    failed = Some(format!("rank {r} failed ({st})"));
+                }
+            }
+        }
+        if failed.is_some() {
+            break;
+        }
+    }
+    if let Some(f) = failed {
+        kill_all(&mut kids);
+        return Err(f);
+    }
+    for k in kids.iter_mut() {
+        let _ = k.wait();
+    }
+    Ok(wrong)
+}
+
+/// The peer side: load the plugin, join the ring, and hand the connected comms to `body`.
+pub struct Ring {
+    pub net: Net,
+    pub rank: usize,
+    pub nranks: usize,
+    pub send: *mut std::ffi::c_void,
+    pub recv: *mut std::ffi::c_void,
+    listen: *mut std::ffi::c_void,
+}
+
+impl Ring {
+    pub fn join(lib: &std::path::Path, rank: usize, nranks: usize) -> Res<Ring> {
+        let net = Net::load(lib)?;
+        if net.ndev()? < 1 {
+            return Err("the plugin reports no devices".into());
+        }
+        let (h, lc) = net.listen(0)?;
+        println!("HANDLE {}", hex(&h));
+        std::io::stdout().flush().map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map_err(|e| e.to_string())?;
+        let mut peer = unhex(line.strip_prefix("PEER ").ok_or("launcher protocol error")?)?;
+        let (send, recv) = net.connect_accept(0, &mut peer, lc)?;
+        Ok(Ring { net, rank, nranks, send, recv, listen: lc })
+    }
+
+    pub fn out(&self, s: &str) {
+        if self.rank == 0 {
+            println!("OUT {s}");
+        }
+    }
+
+    /// Test every request until all are done.
+    pub fn wait_all(&self, reqs: &[*mut std::ffi::c_void]) -> Res<()> {
+        let mut done = vec![false; reqs.len()];
+        let deadline = Instant::now() + self.net.timeout;
+        let mut idle = 0u32;
+        while done.iter().any(|d| !d) {
+            idle += 1;
+            for (i, r) in reqs.iter().enumerate() {
+                if !done[i] && self.net.test(*r)?.is_some() {
+                    done[i] = true;
+                    idle = 0;
+                }
+            }
+            // More ranks than cores: let the peer this rank waits for run.
+            if idle > 64 {
+                std::thread::yield_now();
+            }
+            if Instant::now() > deadline {
+                return Err("transfer did not complete within the timeout".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        self.net.close(self.send, self.recv, self.listen);
+    }
+}

@@ -1,0 +1,112 @@
+//! `rivet perf`: 8-byte ping-pong latency and streaming bandwidth between two local processes
+//! through the plugin, printed as a table.
+
+use crate::net::Res;
+use crate::peer::Ring;
+use crate::{parse_size, Args};
+use std::time::Instant;
+
+pub struct Opts {
+    sizes: Vec<usize>,
+    window: usize,
+    bytes: usize,
+    lat_iters: usize,
+}
+
+pub fn check_args(a: &mut Args) -> Res<Opts> {
+    let sizes = a
+        .opt(&["--sizes"])
+        .unwrap_or_else(|| "64K,256K,1M,4M,16M,64M,256M".into())
+        .split(',')
+        .map(parse_size)
+        .collect::<Res<Vec<_>>>()?;
+    let window: usize = a.opt(&["--window"]).unwrap_or_else(|| "8".into()).parse().map_err(|_| "bad --window")?;
+    if !(1..=32).contains(&window) {
+        return Err("--window must be 1..32".into());
+    }
+    let bytes = parse_size(&a.opt(&["--bytes"]).unwrap_or_else(|| "1G".into()))?;
+    let lat_iters = a.opt(&["--lat-iters"]).unwrap_or_else(|| "2000".into()).parse().map_err(|_| "bad --lat-iters")?;
+    if let Some(x) = a.rest.first() {
+        return Err(format!("unexpected argument '{x}'"));
+    }
+    Ok(Opts { sizes, window, bytes, lat_iters })
+}
+
+pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, a: &mut Args) -> Res<u64> {
+    let o = check_args(a)?;
+    let r = Ring::join(lib, rank, nranks)?;
+    let net = &r.net;
+    let max = o.sizes.iter().copied().max().unwrap_or(8).max(8);
+    let mut buf = vec![0u8; max];
+    let mut small = [0u8; 8];
+    let mh_s = net.reg(r.send, &mut buf)?;
+    let mh_r = net.reg(r.recv, &mut buf)?;
+    let mh_small_s = net.reg(r.send, &mut small)?;
+    let mh_small_r = net.reg(r.recv, &mut small)?;
+    let p = net.props(0)?;
+    let name = unsafe { std::ffi::CStr::from_ptr(p.name) }.to_string_lossy().into_owned();
+    let cfg = nccl_net_rivet::config::get();
+    r.out(&format!(
+        "# rivet perf: {} dev 0 ({name}, {} Mb/s), TCP, {} stream(s), window {}",
+        net.path.display(),
+        p.speed,
+        cfg.socket_nstreams,
+        o.window
+    ));
+
+    // Latency: rank 0 sends 8 bytes, rank 1 echoes them.
+    let sp = small.as_mut_ptr();
+    let warm = 100.min(o.lat_iters);
+    let mut t0 = Instant::now();
+    for i in 0..warm + o.lat_iters {
+        if i == warm {
+            t0 = Instant::now();
+        }
+        if rank == 0 {
+            let rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
+            let sr = net.isend(r.send, sp, 8, 0, mh_small_s)?;
+            r.wait_all(&[sr, rr])?;
+        } else {
+            let rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
+            r.wait_all(&[rr])?;
+            let sr = net.isend(r.send, sp, 8, 0, mh_small_s)?;
+            r.wait_all(&[sr])?;
+        }
+    }
+    let lat = t0.elapsed().as_secs_f64() * 1e6 / o.lat_iters.max(1) as f64 / 2.0;
+    r.out(&format!("# latency (8 B ping-pong, one way): {lat:.2} us"));
+    r.out(&format!("#{:>12} {:>8} {:>12} {:>10}", "size(B)", "iters", "time(us)", "GB/s"));
+
+    // Bandwidth: rank 0 streams `iters` messages with `window` in flight; rank 1 receives them and
+    // answers with one 8-byte message, which closes the timed interval.
+    for &size in &o.sizes {
+        let iters = (o.bytes / size.max(1)).clamp(8, 100_000);
+        let bp = buf.as_mut_ptr();
+        let t0 = Instant::now();
+        let mut inflight = std::collections::VecDeque::with_capacity(o.window);
+        for _ in 0..iters {
+            if inflight.len() == o.window {
+                let q: *mut std::ffi::c_void = inflight.pop_front().unwrap();
+                r.wait_all(&[q])?;
+            }
+            let q = if rank == 0 { net.isend(r.send, bp, size, 1, mh_s)? } else { net.irecv(r.recv, bp, size, 1, mh_r)? };
+            inflight.push_back(q);
+        }
+        let rest: Vec<_> = inflight.into_iter().collect();
+        r.wait_all(&rest)?;
+        if rank == 0 {
+            let rr = net.irecv(r.recv, sp, 8, 2, mh_small_r)?;
+            r.wait_all(&[rr])?;
+        } else {
+            let sr = net.isend(r.send, sp, 8, 2, mh_small_s)?;
+            r.wait_all(&[sr])?;
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        let gbs = (size * iters) as f64 / dt / 1e9;
+        r.out(&format!(" {size:>12} {iters:>8} {:>12.1} {gbs:>10.3}", dt * 1e6 / iters as f64));
+    }
+    for (c, m) in [(r.send, mh_s), (r.recv, mh_r), (r.send, mh_small_s), (r.recv, mh_small_r)] {
+        net.dereg(c, m)?;
+    }
+    Ok(0)
+}
