@@ -194,7 +194,9 @@ static int net_load(Net* net, const char* lib, int api, char* err, size_t el) {
   memset(net, 0, sizeof *net);
   net->api = api;
   net->cfg.trafficClass = NCCL_NET_TRAFFIC_CLASS_UNDEF;
-  net->dl = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  /* NCCL 2.30's NCCL_NET_PLUGIN=STATIC_PLUGIN: look in the program's global scope (a plugin
+   * linked into the program or LD_PRELOADed), as dlopen(NULL) does. */
+  net->dl = dlopen(strcmp(lib, "STATIC_PLUGIN") == 0 ? NULL : lib, RTLD_NOW | RTLD_LOCAL);
   if (!net->dl) {
     snprintf(err, el, "dlopen(%s): %s", lib, dlerror());
     return -1;

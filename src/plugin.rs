@@ -261,6 +261,8 @@ pub fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
 pub fn connect(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
     device(dev)?;
     let buf = handle_buf(handle)?;
+    // A foreign or corrupted handle is reported as such, whatever its stage bytes hold.
+    let h = Handle::decode(buf).map_err(|e| Error::usage(format!("connect: {e}")))?;
     let (sp, cookie) = proto::stage_get(buf);
     let conn_ptr = if sp != 0 {
         if !is_live(sp as usize, Obj::Connector(cookie)) {
@@ -270,7 +272,6 @@ pub fn connect(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
         }
         sp as *mut Connector
     } else {
-        let h = Handle::decode(buf).map_err(|e| Error::usage(format!("connect: {e}")))?;
         if h.transport != proto::TRANSPORT_SOCKET {
             return Err(Error::usage(format!(
                 "connect: the handle is for transport {} but this rivet uses TCP: every rank must see the same kind of network",

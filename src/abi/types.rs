@@ -452,8 +452,8 @@ mod tests {
         assert_eq!(size_of::<ncclNetProperties_v8_t>(), 64);
         assert_eq!(offset_of!(ncclNetProperties_v8_t, regIsGlobal), 28);
         assert_eq!(offset_of!(ncclNetProperties_v8_t, speed), 32);
-        assert_eq!(offset_of!(ncclNetProperties_v8_t, netDeviceType), 56);
-        assert_eq!(offset_of!(ncclNetProperties_v8_t, netDeviceVersion), 60);
+        assert_eq!(offset_of!(ncclNetProperties_v8_t, netDeviceType), 52);
+        assert_eq!(offset_of!(ncclNetProperties_v8_t, netDeviceVersion), 56);
 
         assert_eq!(size_of::<ncclNetProperties_v9_t>(), 104);
         assert_eq!(offset_of!(ncclNetProperties_v9_t, regIsGlobal), 28);

@@ -37,7 +37,8 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, a: &mut Args) -> 
     let r = Ring::join(lib, rank, nranks)?;
     let net = &r.net;
     let max = o.sizes.iter().copied().max().unwrap_or(8).max(8);
-    let mut buf = vec![0u8; max];
+    // Real pages with data (a zero-filled allocation would be lazily mapped to the zero page).
+    let mut buf: Vec<u8> = (0..max).map(|i| (i * 131 + rank) as u8).collect();
     let mut small = [0u8; 8];
     let mh_s = net.reg(r.send, &mut buf)?;
     let mh_r = net.reg(r.recv, &mut buf)?;

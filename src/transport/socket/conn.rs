@@ -28,6 +28,7 @@ struct Task {
 struct Streams {
     _fds: Vec<OwnedFd>,
     raw: Vec<RawFd>,
+    pfds: Vec<libc::pollfd>,
     queues: Vec<VecDeque<Task>>,
     peer: SocketAddr,
     min_chunk: usize,
@@ -40,7 +41,40 @@ impl Streams {
     fn new(fds: Vec<OwnedFd>, peer: SocketAddr, min_chunk: usize, per_queue: usize) -> Streams {
         let raw = fds.iter().map(|f| f.as_raw_fd()).collect::<Vec<_>>();
         let queues = (0..fds.len()).map(|_| VecDeque::with_capacity(per_queue)).collect();
-        Streams { _fds: fds, raw, queues, peer, min_chunk, failed: None }
+        let pfds = raw.iter().map(|&fd| libc::pollfd { fd, events: 0, revents: 0 }).collect();
+        Streams { _fds: fds, raw, pfds, queues, peer, min_chunk, failed: None }
+    }
+
+    /// Which of the streams in `want` (a bit per stream) are ready for `events`, in one poll(2)
+    /// call. Checking readiness first keeps a spinning `test` from taking the socket lock on
+    /// every call, which would push the peer's incoming segments onto the slow backlog path.
+    fn ready(&mut self, want: u32, events: i16) -> u32 {
+        if want == 0 {
+            return 0;
+        }
+        for (j, p) in self.pfds.iter_mut().enumerate() {
+            // A negative fd makes poll skip the entry.
+            p.fd = if want & (1 << j) != 0 { self.raw[j] } else { -1 };
+            p.events = events;
+            p.revents = 0;
+        }
+        let n = unsafe { libc::poll(self.pfds.as_mut_ptr(), self.pfds.len() as libc::nfds_t, 0) };
+        if n <= 0 {
+            return 0;
+        }
+        let mut r = 0;
+        for (j, p) in self.pfds.iter().enumerate() {
+            // Errors and hang-ups count as ready, so the following read or write reports them.
+            if p.revents != 0 {
+                r |= 1 << j;
+            }
+        }
+        r
+    }
+
+    /// A bit per stream with queued work.
+    fn busy(&self) -> u32 {
+        self.queues.iter().enumerate().filter(|(_, q)| !q.is_empty()).fold(0, |m, (j, _)| m | 1 << j)
     }
 
     fn check(&self) -> Result<()> {
@@ -112,7 +146,11 @@ impl SendConn {
 
     fn progress(&mut self) -> Result<()> {
         self.s.check()?;
+        let ready = self.s.ready(self.s.busy(), libc::POLLOUT);
         for j in 0..self.s.raw.len() {
+            if ready & (1 << j) == 0 {
+                continue;
+            }
             if let Err(e) = self.flush_stream(j) {
                 return Err(self.s.fail(e));
             }
@@ -266,8 +304,13 @@ impl RecvConn {
     }
 
     fn progress_inner(&mut self) -> Result<()> {
+        let mut want = self.s.busy();
+        if !self.posted.is_empty() {
+            want |= 1;
+        }
+        let ready = self.s.ready(want, libc::POLLIN);
         // Stream 0 interleaves headers and each message's first part: alternate in order.
-        loop {
+        while ready & 1 != 0 {
             if !self.s.queues[0].is_empty() {
                 if !self.drain(0)? {
                     break;
@@ -293,7 +336,9 @@ impl RecvConn {
             }
         }
         for j in 1..self.s.raw.len() {
-            self.drain(j)?;
+            if ready & (1 << j) != 0 {
+                self.drain(j)?;
+            }
         }
         Ok(())
     }

@@ -1,0 +1,20 @@
+# `make` builds the plugin as NCCL names it (libnccl-net-rivet.so) and the rivet CLI;
+# `make install PREFIX=...` installs both; `make test` runs every test.
+PREFIX ?= /usr/local
+REL := target/release
+
+all:
+	cargo build --release
+	cp -f $(REL)/libnccl_net_rivet.so $(REL)/libnccl-net-rivet.so
+
+install: all
+	install -D -m 755 $(REL)/libnccl-net-rivet.so $(DESTDIR)$(PREFIX)/lib/libnccl-net-rivet.so
+	install -D -m 755 $(REL)/rivet $(DESTDIR)$(PREFIX)/bin/rivet
+
+test:
+	bash ci/test.sh
+
+bench:
+	python3 ci/bench_tcp.py
+
+.PHONY: all install test bench

@@ -1,0 +1,155 @@
+//! The C conformance driver (nccl-tests/conformance.c), built with `cc` and run against the built
+//! cdylib for every exported ABI version; plus the C header's layout check, the exported symbol
+//! set and SONAME, and the ways NCCL finds the library (by name, by SONAME under LD_PRELOAD, and
+//! STATIC_PLUGIN).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// target/<profile>, where cargo put the cdylib.
+fn target_dir() -> PathBuf {
+    std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn lib() -> PathBuf {
+    let p = target_dir().join("libnccl_net_rivet.so");
+    assert!(p.exists(), "{} not built", p.display());
+    p
+}
+
+fn cc(src: &str, out: &str, extra: &[&str]) -> PathBuf {
+    let exe = target_dir().join(out);
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror"])
+        .arg(root().join(src))
+        .arg("-o")
+        .arg(&exe)
+        .args(extra)
+        .status()
+        .expect("a C compiler (cc) is needed for the tests");
+    assert!(st.success(), "compiling {src} failed");
+    exe
+}
+
+fn driver() -> &'static Path {
+    static D: OnceLock<PathBuf> = OnceLock::new();
+    D.get_or_init(|| cc("nccl-tests/conformance.c", "rivet-conformance", &["-std=gnu11", "-ldl"]))
+}
+
+fn run_driver(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let mut c = Command::new(driver());
+    c.args(args).env("NCCL_SOCKET_IFNAME", "lo").env("RIVET_TIMEOUT", "5").env_remove("LD_LIBRARY_PATH");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+const CASES: &[&str] = &[
+    "props", "sizes", "bigrecv", "outstanding", "group", "ring", "closeinflight", "reuse", "mismatch", "kill",
+    "reload", "optional", "badargs",
+];
+
+fn conformance(api: u32) {
+    let l = lib();
+    let (ok, out) = run_driver(&["--lib", l.to_str().unwrap(), "--api", &api.to_string()], &[]);
+    println!("{out}");
+    assert!(ok, "conformance --api {api} failed:\n{out}");
+    for c in CASES {
+        assert!(out.contains(&format!("PASS api={api} case={c} ")), "case {c} did not pass for api {api}:\n{out}");
+    }
+    assert!(!out.contains("FAIL"), "{out}");
+}
+
+#[test]
+fn conformance_v6() {
+    conformance(6);
+}
+#[test]
+fn conformance_v7() {
+    conformance(7);
+}
+#[test]
+fn conformance_v8() {
+    conformance(8);
+}
+#[test]
+fn conformance_v9() {
+    conformance(9);
+}
+#[test]
+fn conformance_v10() {
+    conformance(10);
+}
+#[test]
+fn conformance_v11() {
+    conformance(11);
+}
+#[test]
+fn conformance_v12() {
+    conformance(12);
+}
+
+#[test]
+fn c_header_layout_matches_the_abi() {
+    let exe = cc("tests/c/layout.c", "rivet-layout", &["-std=c11"]);
+    let out = Command::new(exe).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ncclNetProperties_v12_t 128"), "{text}");
+    assert!(text.contains("ncclNet_v7_t 152"), "{text}");
+}
+
+#[test]
+fn exports_exactly_the_seven_tables_with_the_nccl_soname() {
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib()).output().expect("nm (binutils)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut tables: Vec<&str> =
+        text.lines().filter_map(|l| l.split_whitespace().nth(2)).filter(|s| s.starts_with("ncclNet")).collect();
+    tables.sort();
+    assert_eq!(
+        tables,
+        ["ncclNetPlugin_v10", "ncclNetPlugin_v11", "ncclNetPlugin_v12", "ncclNetPlugin_v6", "ncclNetPlugin_v7", "ncclNetPlugin_v8", "ncclNetPlugin_v9"]
+    );
+    for l in text.lines().filter(|l| l.contains("ncclNetPlugin")) {
+        assert!(l.contains(" D ") || l.contains(" R "), "tables must be data symbols: {l}");
+    }
+    let out = Command::new("readelf").arg("-d").arg(lib()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Library soname: [libnccl-net-rivet.so]"), "{text}");
+    assert!(text.contains("NODELETE"), "{text}");
+}
+
+#[test]
+fn nccl_finds_it_by_plugin_name_on_the_library_path() {
+    // NCCL_NET_PLUGIN=rivet makes every NCCL dlopen("libnccl-net-rivet.so").
+    let dir = std::env::temp_dir().join(format!("rivet-libpath-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(lib(), dir.join("libnccl-net-rivet.so")).unwrap();
+    let (ok, out) =
+        run_driver(&["--lib", "libnccl-net-rivet.so", "--api", "6", "--case", "sizes"], &[("LD_LIBRARY_PATH", dir.to_str().unwrap())]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok, "{out}");
+}
+
+#[test]
+fn ld_preload_is_found_by_soname_and_as_static_plugin() {
+    let l = lib();
+    let pre = [("LD_PRELOAD", l.to_str().unwrap())];
+    // dlopen of the SONAME returns the preloaded copy (no file by that name on any path).
+    let (ok, out) = run_driver(&["--lib", "libnccl-net-rivet.so", "--api", "8", "--case", "sizes"], &pre);
+    assert!(ok, "{out}");
+    // NCCL 2.30 NCCL_NET_PLUGIN=STATIC_PLUGIN: dlopen(NULL) finds the preloaded tables.
+    let (ok, out) = run_driver(&["--lib", "STATIC_PLUGIN", "--api", "12", "--case", "sizes"], &pre);
+    assert!(ok, "{out}");
+    // Without the preload, neither resolves.
+    let (ok, _) = run_driver(&["--lib", "libnccl-net-rivet.so", "--api", "8", "--case", "props"], &[]);
+    assert!(!ok);
+}

@@ -1,0 +1,217 @@
+//! Bad input and faults at the plugin boundary, each in its own child process (fresh config,
+//! stderr captured): foreign clients and garbage on a listen socket, wrong handles, truncated and
+//! silent handshakes, closing with requests in flight, invalid configuration, the INFO banner.
+
+mod common;
+use common::*;
+use nccl_net_rivet::proto::Handle;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+fn listen_addr(h: &[u8; 128]) -> std::net::SocketAddr {
+    Handle::decode(h).unwrap().addr
+}
+
+/// Drive accept until the foreign socket is closed by the listener (read returns 0 or reset).
+fn until_closed(lc: *mut std::ffi::c_void, s: &mut TcpStream) {
+    s.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut b = [0u8; 64];
+    loop {
+        let (r, c) = accept_once(lc);
+        assert_eq!(r, 0, "accept must keep working while rejecting a foreign client");
+        assert!(c.is_null(), "a foreign client must never become a comm");
+        match s.read(&mut b) {
+            Ok(0) => return,
+            Ok(_) => {} // a NACK for a wrong magic; keep reading until the close
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+        assert!(Instant::now() < deadline, "listener never closed the foreign connection");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn garbage_from_a_foreign_client_is_rejected_and_the_real_peer_still_connects() {
+    let Some((ok, err)) = in_child("garbage_from_a_foreign_client_is_rejected_and_the_real_peer_still_connects", &[]) else {
+        let ctx = init();
+        let (mut h, lc) = listen(&ctx);
+        let mut s = TcpStream::connect(listen_addr(&h)).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: rivet\r\n\r\nAAAAAAAAAAAAAAAAAAAAAAAA").unwrap();
+        until_closed(lc, &mut s);
+        let (sc, rc) = pair(&ctx, &mut h, lc);
+        roundtrip(sc, rc, 100_000);
+        close(sc, rc, lc);
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    assert!(err.contains("rejected a connection from 127.0.0.1"), "{err}");
+    assert!(err.contains("not a rivet client"), "{err}");
+}
+
+#[test]
+fn a_handle_with_a_wrong_magic_is_rejected_and_the_real_peer_still_connects() {
+    let Some((ok, err)) = in_child("a_handle_with_a_wrong_magic_is_rejected_and_the_real_peer_still_connects", &[]) else {
+        let ctx = init();
+        let (mut h, lc) = listen(&ctx);
+        // Same address, another listen call's magic.
+        let mut bad = h;
+        bad[8] ^= 0x5a;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let code = loop {
+            let (r, c) = connect_once(&ctx, &mut bad);
+            if r != 0 {
+                break r;
+            }
+            assert!(c.is_null(), "a wrong-magic connect must never succeed");
+            let (r, c) = accept_once(lc);
+            assert_eq!(r, 0);
+            assert!(c.is_null());
+            assert!(Instant::now() < deadline, "wrong-magic connect neither failed nor finished");
+        };
+        assert_eq!(code, 5, "wrong magic is a usage error (ncclInvalidUsage)");
+        // A handle that is not rivet's at all fails at once.
+        let mut foreign = [0x42u8; 128];
+        assert_eq!(connect_once(&ctx, &mut foreign).0, 5);
+        let (sc, rc) = pair(&ctx, &mut h, lc);
+        roundtrip(sc, rc, 4096);
+        close(sc, rc, lc);
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    assert!(err.contains("is not this listen comm's"), "{err}");
+    assert!(err.contains("rejected our handle"), "{err}");
+    assert!(err.contains("not a rivet handle"), "{err}");
+}
+
+#[test]
+fn a_truncated_handshake_is_rejected() {
+    let Some((ok, err)) = in_child("a_truncated_handshake_is_rejected", &[]) else {
+        let ctx = init();
+        let (mut h, lc) = listen(&ctx);
+        let mut s = TcpStream::connect(listen_addr(&h)).unwrap();
+        s.write_all(&h[..10]).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        until_closed(lc, &mut s);
+        let (sc, rc) = pair(&ctx, &mut h, lc);
+        roundtrip(sc, rc, 1);
+        close(sc, rc, lc);
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    assert!(err.contains("truncated handshake: the client closed after 10 of 32 bytes"), "{err}");
+}
+
+#[test]
+fn a_silent_client_is_dropped_after_the_timeout_without_blocking_accept() {
+    let Some((ok, err)) =
+        in_child("a_silent_client_is_dropped_after_the_timeout_without_blocking_accept", &[("RIVET_TIMEOUT", "1")])
+    else {
+        let ctx = init();
+        let (mut h, lc) = listen(&ctx);
+        let mut s = TcpStream::connect(listen_addr(&h)).unwrap();
+        // The real peer connects while the silent one holds its socket open.
+        let (sc, rc) = pair(&ctx, &mut h, lc);
+        roundtrip(sc, rc, 10);
+        let t0 = Instant::now();
+        until_closed(lc, &mut s);
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        close(sc, rc, lc);
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    assert!(err.contains("no complete handshake within RIVET_TIMEOUT=1s"), "{err}");
+}
+
+#[test]
+fn closing_with_requests_in_flight_releases_every_descriptor() {
+    let Some((ok, err)) = in_child("closing_with_requests_in_flight_releases_every_descriptor", &[("RIVET_SOCKET_NSTREAMS", "4")])
+    else {
+        let ctx = init();
+        let before = open_fds();
+        for _ in 0..3 {
+            let (mut h, lc) = listen(&ctx);
+            let (sc, rc) = pair(&ctx, &mut h, lc);
+            // 8 x 8 MiB sends cannot all fit in socket buffers; 2 receives take part of them.
+            let src = vec![7u8; 8 << 20];
+            let mut dst = vec![0u8; 8 << 20];
+            let sends: Vec<_> = (0..8).map(|_| isend(sc, &src, 0)).collect();
+            let _r = irecv(rc, &mut dst, 0);
+            let _ = sends;
+            close(sc, rc, lc);
+        }
+        assert_eq!(open_fds(), before, "file descriptors leaked by close with requests in flight");
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+}
+
+#[test]
+fn a_send_larger_than_its_receive_is_a_collective_mismatch() {
+    let Some((ok, err)) = in_child("a_send_larger_than_its_receive_is_a_collective_mismatch", &[]) else {
+        let ctx = init();
+        let (mut h, lc) = listen(&ctx);
+        let (sc, rc) = pair(&ctx, &mut h, lc);
+        let src = vec![1u8; 65536];
+        let mut dst = vec![0u8; 4096];
+        let r = irecv(rc, &mut dst, 77);
+        let _s = isend(sc, &src, 77);
+        assert_eq!(wait(&[r]), Err(5), "ncclInvalidUsage expected");
+        // The comm stays failed: later calls fail fast instead of hanging.
+        assert_eq!(wait(&[r]), Err(5));
+        close(sc, rc, lc);
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    assert!(err.contains("collective mismatch"), "{err}");
+    assert!(err.contains("sent 65536 bytes with tag 77 but the posted receive holds only 4096 bytes"), "{err}");
+}
+
+#[test]
+fn an_invalid_setting_warns_with_what_it_accepts() {
+    let Some((ok, err)) = in_child(
+        "an_invalid_setting_warns_with_what_it_accepts",
+        &[("RIVET_SOCKET_NSTREAMS", "lots"), ("RIVET_TIMEOUT", "0")],
+    ) else {
+        let ctx = init();
+        let (mut h, lc) = listen(&ctx);
+        let (sc, rc) = pair(&ctx, &mut h, lc);
+        roundtrip(sc, rc, 1 << 20);
+        close(sc, rc, lc);
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    assert!(err.contains("RIVET_SOCKET_NSTREAMS=lots is invalid: it accepts an integer from 1 to 16; using the default 2"), "{err}");
+    assert!(err.contains("RIVET_TIMEOUT=0 is invalid: it accepts an integer from 1 to 3600"), "{err}");
+}
+
+#[test]
+fn init_logs_version_library_abi_devices_and_transport_at_info() {
+    let Some((ok, err)) = in_child("init_logs_version_library_abi_devices_and_transport_at_info", &[("NCCL_DEBUG", "INFO")])
+    else {
+        let _ctx = init();
+        let _ctx2 = init(); // idempotent: a second communicator's init succeeds, banner not repeated
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    let banner = format!("rivet {} loaded from", env!("CARGO_PKG_VERSION"));
+    assert_eq!(err.matches(&banner).count(), 1, "{err}");
+    assert!(err.contains("ncclNet v12 ABI"), "{err}");
+    assert!(err.contains("device 0: lo 127.0.0.1"), "{err}");
+    assert!(err.contains("transport TCP"), "{err}");
+}
+
+#[test]
+fn no_matching_interface_fails_init_with_advice() {
+    let Some((ok, err)) = in_child("no_matching_interface_fails_init_with_advice", &[("NCCL_SOCKET_IFNAME", "=nosuchif0")])
+    else {
+        let mut ctx = std::ptr::null_mut();
+        let r = unsafe { t().init.unwrap()(&mut ctx, 1, std::ptr::null_mut(), None, None) };
+        assert_eq!(r, 2, "ncclSystemError");
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    assert!(err.contains("no usable network interface matches NCCL_SOCKET_IFNAME==nosuchif0"), "{err}");
+}
