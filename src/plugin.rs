@@ -472,8 +472,7 @@ pub fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()> {
         },
         Err(e) => {
             unsafe { *done = 0 };
-            let peer = c.lock().map(|g| g.peer()).unwrap_or_default();
-            return Err(Error::new(e.kind, format!("{e} [dev {}, peer {peer}]", c.dev)));
+            return Err(Error::new(e.kind, format!("{e} [dev {}]", c.dev)));
         }
     }
     Ok(())

@@ -32,6 +32,4 @@ pub trait Conn: Send {
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>>;
     /// Number of request slots.
     fn capacity(&self) -> usize;
-    /// Who is on the other end, for log lines.
-    fn peer(&self) -> String;
 }

@@ -242,10 +242,6 @@ impl Conn for SendConn {
     fn capacity(&self) -> usize {
         SEND_SLOTS
     }
-
-    fn peer(&self) -> String {
-        self.s.peer.to_string()
-    }
 }
 
 struct RecvSlot {
@@ -460,9 +456,5 @@ impl Conn for RecvConn {
 
     fn capacity(&self) -> usize {
         RECV_SLOTS
-    }
-
-    fn peer(&self) -> String {
-        self.s.peer.to_string()
     }
 }
