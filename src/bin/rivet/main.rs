@@ -43,6 +43,16 @@ pub fn parse_size(s: &str) -> Res<usize> {
     num.parse::<usize>().map(|n| n * mul).map_err(|_| format!("bad size '{s}' (examples: 4096, 64K, 16M, 1G)"))
 }
 
+/// The arguments every peer of a local run gets: the mode's options, checked here before any
+/// process starts, and the library this launcher resolved.
+fn peer_args(a: &mut Args, check: impl Fn(&mut Args) -> Res<()>) -> Res<Vec<String>> {
+    let lib = net::find_library(a.opt(&["--lib"]).as_deref())?;
+    check(&mut Args { rest: a.rest.clone() })?;
+    let mut args = a.rest.clone();
+    args.extend(["--lib".to_string(), lib.display().to_string()]);
+    Ok(args)
+}
+
 fn usage() -> ! {
     eprintln!(
         "usage:\n  rivet perf [--sizes 64K,1M,16M,256M] [--window 8] [--bytes 1G] [--lat-iters 2000] [--lib PATH]\n  \
@@ -79,10 +89,7 @@ fn run() -> Res<i32> {
     let timeout = Duration::from_secs(600);
     match cmd.as_str() {
         "perf" => {
-            let lib = net::find_library(a.opt(&["--lib"]).as_deref())?;
-            perf::check_args(&mut Args { rest: a.rest.clone() })?;
-            let mut args = a.rest.clone();
-            args.extend(["--lib".to_string(), lib.display().to_string()]);
+            let args = peer_args(&mut a, |a| perf::check_args(a).map(drop))?;
             peer::launch(2, "perf", &args, timeout)?;
             Ok(0)
         }
@@ -91,10 +98,7 @@ fn run() -> Res<i32> {
             if !(2..=64).contains(&n) {
                 return Err("-n must be between 2 and 64".into());
             }
-            let lib = net::find_library(a.opt(&["--lib"]).as_deref())?;
-            allreduce::check_args(&mut Args { rest: a.rest.clone() })?;
-            let mut args = a.rest.clone();
-            args.extend(["--lib".to_string(), lib.display().to_string()]);
+            let args = peer_args(&mut a, |a| allreduce::check_args(a).map(drop))?;
             let wrong = peer::launch(n, "allreduce", &args, timeout)?;
             println!("# Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" });
             Ok(if wrong == 0 { 0 } else { 1 })

@@ -111,41 +111,33 @@ impl Net {
         check("deregMr", unsafe { self.t.deregMr.unwrap()(comm, mh) })
     }
 
-    /// Post a send, retrying while the plugin pushes back (NULL request).
-    pub fn isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
+    /// Call a posting function until it returns a request: a NULL request is the plugin's
+    /// back-pressure, retried until the timeout.
+    fn post(&self, what: &str, mut call: impl FnMut(&mut *mut c_void) -> ncclResult_t) -> Res<*mut c_void> {
         let deadline = Instant::now() + self.timeout;
         loop {
             let mut req = std::ptr::null_mut();
-            check("isend", unsafe {
-                self.t.isend.unwrap()(sc, p as *mut c_void, size, tag, mh, std::ptr::null_mut(), &mut req)
-            })?;
+            check(what, call(&mut req))?;
             if !req.is_null() {
                 return Ok(req);
             }
             if Instant::now() > deadline {
-                return Err("isend: no free request slot within the timeout".into());
+                return Err(format!("{what}: no free request slot within the timeout"));
             }
         }
     }
 
+    pub fn isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
+        self.post("isend", |req| unsafe {
+            self.t.isend.unwrap()(sc, p as *mut c_void, size, tag, mh, std::ptr::null_mut(), req)
+        })
+    }
+
     pub fn irecv(&self, rc: *mut c_void, p: *mut u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            let mut req = std::ptr::null_mut();
-            let mut data = p as *mut c_void;
-            let mut sz = size;
-            let mut tg = tag;
-            let mut m = mh;
-            check("irecv", unsafe {
-                self.t.irecv.unwrap()(rc, 1, &mut data, &mut sz, &mut tg, &mut m, std::ptr::null_mut(), &mut req)
-            })?;
-            if !req.is_null() {
-                return Ok(req);
-            }
-            if Instant::now() > deadline {
-                return Err("irecv: no free request slot within the timeout".into());
-            }
-        }
+        self.post("irecv", |req| {
+            let (mut data, mut sz, mut tg, mut m) = (p as *mut c_void, size, tag, mh);
+            unsafe { self.t.irecv.unwrap()(rc, 1, &mut data, &mut sz, &mut tg, &mut m, std::ptr::null_mut(), req) }
+        })
     }
 
     /// Some(size) once the request is done.
