@@ -6,7 +6,8 @@
  * loads and initialises the plugin AFTER fork; the parent never loads it.
  *
  * Build: cc -std=gnu11 -O2 -Wall -Wextra -Werror nccl-tests/conformance.c -o conformance -ldl
- * Usage: conformance --lib PATH_OR_SONAME --api N [--case NAME|all] [--dev D] [-v]
+ * Usage: conformance --lib PATH_OR_SONAME --api N [--case NAME|all] [--dev D] [--dev2 D] [-v]
+ *        --dev2: device of the odd ranks (default: --dev), e.g. rxe0 <-> rxe1 over a wire.
  * Exit:  0 all selected cases passed, 1 a case failed, 2 usage error.
  */
 #include <dirent.h>
@@ -40,6 +41,7 @@ typedef struct {
   const char* lib;
   int api;
   int dev;
+  int dev2; /* device of odd ranks */
   int verbose;
   int rivet_timeout; /* seconds, from RIVET_TIMEOUT (default 10) */
 } Opts;
@@ -754,7 +756,7 @@ static int spawn(const Opts* o, int n, ChildFn fn, void* arg, double timeout, ch
       alarm(120 + 2 * (unsigned)o->rivet_timeout);
       Child c;
       memset(&c, 0, sizeof c);
-      c.o = o; c.rank = i; c.n = n; c.wfd = up[1]; c.rfd = down[0]; c.dev = o->dev;
+      c.o = o; c.rank = i; c.n = n; c.wfd = up[1]; c.rfd = down[0]; c.dev = (i % 2) ? o->dev2 : o->dev;
       int rc = fn(&c, arg);
       fflush(stdout);
       fflush(stderr);
@@ -1547,7 +1549,7 @@ static const struct {
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
 static void usage(void) {
-  fprintf(stderr, "usage: conformance --lib PATH_OR_SONAME --api N(6..12) [--case NAME|all] [--dev D] [-v]\ncases:");
+  fprintf(stderr, "usage: conformance --lib PATH_OR_SONAME --api N(6..12) [--case NAME|all] [--dev D] [--dev2 D] [-v]\ncases:");
   for (int i = 0; i < NCASES; i++) fprintf(stderr, " %s", cases[i].name);
   fprintf(stderr, "\n");
 }
@@ -1561,7 +1563,7 @@ static int parse_int(const char* s, int* out) {
 }
 
 int main(int argc, char** argv) {
-  Opts o = {NULL, 0, 0, 0, 10};
+  Opts o = {NULL, 0, 0, -1, 0, 10};
   const char* which = "all";
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
@@ -1571,9 +1573,11 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--api")) { if (parse_int(argv[++i], &o.api)) { usage(); return 2; } }
     else if (!strcmp(a, "--case")) which = argv[++i];
     else if (!strcmp(a, "--dev")) { if (parse_int(argv[++i], &o.dev) || o.dev < 0) { usage(); return 2; } }
+    else if (!strcmp(a, "--dev2")) { if (parse_int(argv[++i], &o.dev2) || o.dev2 < 0) { usage(); return 2; } }
     else { usage(); return 2; }
   }
   if (!o.lib || o.api < 6 || o.api > 12) { usage(); return 2; }
+  if (o.dev2 < 0) o.dev2 = o.dev;
   int sel = -1;
   if (strcmp(which, "all")) {
     for (int i = 0; i < NCASES; i++)

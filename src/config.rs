@@ -40,7 +40,82 @@ pub const VARS: &[Var] = &[
     Var {
         name: "RIVET_TIMEOUT",
         default: "30",
-        meaning: "Seconds (1-3600) before a connection setup, an unanswered handshake or unacknowledged data on a TCP stream fails with an error instead of waiting forever.",
+        meaning: "Seconds (1-3600) before a connection setup, an unanswered handshake, unacknowledged data on a TCP stream, or a vanished RDMA peer fails with an error instead of waiting forever.",
+    },
+    Var {
+        name: "NCCL_IB_DISABLE",
+        default: "0",
+        meaning: "1: do not use RDMA devices even where they exist; rivet then runs over TCP.",
+    },
+    Var {
+        name: "RIVET_IBVERBS_LIB",
+        default: "libibverbs.so.1",
+        meaning: "The libibverbs rivet dlopens (a name on the loader path or an absolute path).",
+    },
+    Var {
+        name: "NCCL_IB_HCA",
+        default: "all active ports",
+        meaning: "RDMA ports to use: comma-separated `device[:port]` prefixes (`mlx5_0:1,mlx5_1`); `^` excludes the listed ones; `=` matches exact device names.",
+    },
+    Var {
+        name: "NCCL_IB_GID_INDEX",
+        default: "auto",
+        meaning: "RoCE GID index. auto: a RoCE v2 GID of family NCCL_IB_ADDR_FAMILY within NCCL_IB_ADDR_RANGE, skipping empty and link-local entries.",
+    },
+    Var {
+        name: "NCCL_IB_ADDR_FAMILY",
+        default: "AF_INET",
+        meaning: "Address family of the automatically chosen RoCE GID: AF_INET (IPv4-mapped) or AF_INET6.",
+    },
+    Var {
+        name: "NCCL_IB_ADDR_RANGE",
+        default: "any",
+        meaning: "CIDR range (e.g. 10.0.0.0/16 or fd00::/8) the automatically chosen RoCE GID must lie in.",
+    },
+    Var {
+        name: "NCCL_IB_ROCE_VERSION_NUM",
+        default: "2",
+        meaning: "RoCE version (1 or 2) preferred by the automatic GID choice.",
+    },
+    Var {
+        name: "NCCL_IB_TIMEOUT",
+        default: "20",
+        meaning: "Queue pair ACK timeout exponent (1-31): 4.096 us x 2^value per try.",
+    },
+    Var {
+        name: "NCCL_IB_RETRY_CNT",
+        default: "7",
+        meaning: "Queue pair transport retries (0-7) before RETRY_EXC_ERR.",
+    },
+    Var {
+        name: "NCCL_IB_TC",
+        default: "unset",
+        meaning: "Traffic class (0-255) of the queue pairs; unset: the communicator's trafficClass, else 0.",
+    },
+    Var {
+        name: "NCCL_IB_SL",
+        default: "unset",
+        meaning: "InfiniBand service level (0-15); unset: 0.",
+    },
+    Var {
+        name: "NCCL_IB_PKEY",
+        default: "0",
+        meaning: "Partition key index (0-65535) of the queue pairs.",
+    },
+    Var {
+        name: "NCCL_IB_QPS_PER_CONNECTION",
+        default: "1",
+        meaning: "Queue pairs per connection (1-16); each message is split across them in 128-byte-aligned chunks.",
+    },
+    Var {
+        name: "NCCL_IB_PCI_RELAXED_ORDERING",
+        default: "2",
+        meaning: "Relaxed-ordering memory registrations: 0 off, 1 on, 2 on where libibverbs has ibv_reg_mr_iova2.",
+    },
+    Var {
+        name: "NCCL_GDR_FLUSH_DISABLE",
+        default: "0",
+        meaning: "1: iflush returns at once instead of issuing its 1-byte RDMA READ over the loopback queue pair.",
     },
 ];
 
@@ -51,6 +126,20 @@ pub struct Config {
     pub socket_nstreams: usize,
     pub socket_min_chunk: usize,
     pub timeout_secs: u64,
+    pub ib_disable: bool,
+    pub ib_hca: Option<String>,
+    pub ib_gid_index: Option<u32>,
+    pub ib_addr_family: i32,
+    pub ib_addr_range: Option<(std::net::IpAddr, u8)>,
+    pub ib_roce_version: u32,
+    pub ib_timeout: u8,
+    pub ib_retry_cnt: u8,
+    pub ib_tc: Option<u8>,
+    pub ib_sl: Option<u8>,
+    pub ib_pkey: u16,
+    pub ib_qps: usize,
+    pub ib_relaxed_ordering: u32,
+    pub gdr_flush_disable: bool,
 }
 
 fn default_of(name: &str) -> &'static str {
@@ -92,6 +181,52 @@ fn family_var(get: Getter) -> Option<i32> {
     }
 }
 
+/// An integer in `[min, max]`, or None for `unset_word` / unset; WARN and None otherwise.
+fn opt_int_var(get: Getter, name: &str, min: u64, max: u64, unset_word: &str) -> Option<u64> {
+    let s = get(name)?;
+    let t = s.trim();
+    if t.eq_ignore_ascii_case(unset_word) || t == "-1" {
+        return None;
+    }
+    match t.parse::<u64>() {
+        Ok(v) if (min..=max).contains(&v) => Some(v),
+        _ => {
+            log::warn!("NET/rivet: {name}={s} is invalid: it accepts an integer from {min} to {max} or {unset_word}; using {unset_word}");
+            None
+        }
+    }
+}
+
+fn ib_family_var(get: Getter) -> i32 {
+    let Some(s) = get("NCCL_IB_ADDR_FAMILY") else { return libc::AF_INET };
+    match s.trim().to_ascii_uppercase().as_str() {
+        "AF_INET" => libc::AF_INET,
+        "AF_INET6" => libc::AF_INET6,
+        _ => {
+            log::warn!("NET/rivet: NCCL_IB_ADDR_FAMILY={s} is invalid: it accepts AF_INET or AF_INET6; using AF_INET");
+            libc::AF_INET
+        }
+    }
+}
+
+/// `NCCL_IB_ADDR_RANGE` as (network address, prefix length).
+pub fn parse_cidr(s: &str) -> Option<(std::net::IpAddr, u8)> {
+    let (a, l) = s.trim().split_once('/')?;
+    let ip: std::net::IpAddr = a.trim().parse().ok()?;
+    let len: u8 = l.trim().parse().ok()?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    (len <= max).then_some((ip, len))
+}
+
+fn range_var(get: Getter) -> Option<(std::net::IpAddr, u8)> {
+    let s = get("NCCL_IB_ADDR_RANGE")?;
+    let r = parse_cidr(&s);
+    if r.is_none() {
+        log::warn!("NET/rivet: NCCL_IB_ADDR_RANGE={s} is invalid: it accepts a CIDR range such as 10.0.0.0/16 or fd00::/8; using any address");
+    }
+    r
+}
+
 impl Config {
     pub fn from_env() -> Config {
         Self::from_env_with(&env)
@@ -105,6 +240,20 @@ impl Config {
             socket_nstreams: int_var(get, "RIVET_SOCKET_NSTREAMS", 1, 16) as usize,
             socket_min_chunk: int_var(get, "RIVET_SOCKET_MIN_CHUNK", 4096, 1 << 30) as usize,
             timeout_secs: int_var(get, "RIVET_TIMEOUT", 1, 3600),
+            ib_disable: int_var(get, "NCCL_IB_DISABLE", 0, 1) == 1,
+            ib_hca: get("NCCL_IB_HCA"),
+            ib_gid_index: opt_int_var(get, "NCCL_IB_GID_INDEX", 0, 1023, "auto").map(|v| v as u32),
+            ib_addr_family: ib_family_var(get),
+            ib_addr_range: range_var(get),
+            ib_roce_version: int_var(get, "NCCL_IB_ROCE_VERSION_NUM", 1, 2) as u32,
+            ib_timeout: int_var(get, "NCCL_IB_TIMEOUT", 1, 31) as u8,
+            ib_retry_cnt: int_var(get, "NCCL_IB_RETRY_CNT", 0, 7) as u8,
+            ib_tc: opt_int_var(get, "NCCL_IB_TC", 0, 255, "unset").map(|v| v as u8),
+            ib_sl: opt_int_var(get, "NCCL_IB_SL", 0, 15, "unset").map(|v| v as u8),
+            ib_pkey: int_var(get, "NCCL_IB_PKEY", 0, 65535) as u16,
+            ib_qps: int_var(get, "NCCL_IB_QPS_PER_CONNECTION", 1, 16) as usize,
+            ib_relaxed_ordering: int_var(get, "NCCL_IB_PCI_RELAXED_ORDERING", 0, 2) as u32,
+            gdr_flush_disable: int_var(get, "NCCL_GDR_FLUSH_DISABLE", 0, 1) == 1,
         }
     }
 
@@ -155,6 +304,32 @@ mod tests {
         let c = Config::from_env_with(&ok);
         assert_eq!(c.socket_nstreams, 8);
         assert_eq!(c.socket_family, Some(libc::AF_INET6));
+    }
+
+    #[test]
+    fn ib_variables() {
+        let c = Config::from_env_with(&|_| None);
+        assert_eq!((c.ib_timeout, c.ib_retry_cnt, c.ib_qps, c.ib_gid_index, c.ib_tc), (20, 7, 1, None, None));
+        assert_eq!(c.ib_addr_family, libc::AF_INET);
+        let get = |n: &str| {
+            Some(match n {
+                "NCCL_IB_GID_INDEX" => "3",
+                "NCCL_IB_TC" => "106",
+                "NCCL_IB_TIMEOUT" => "40",
+                "NCCL_IB_ADDR_RANGE" => "10.1.0.0/16",
+                "NCCL_IB_ADDR_FAMILY" => "AF_INET6",
+                "NCCL_IB_SL" => "-1",
+                _ => return None,
+            }
+            .to_string())
+        };
+        let c = Config::from_env_with(&get);
+        assert_eq!((c.ib_gid_index, c.ib_tc, c.ib_timeout, c.ib_sl), (Some(3), Some(106), 20, None));
+        assert_eq!(c.ib_addr_range, Some(("10.1.0.0".parse().unwrap(), 16)));
+        assert_eq!(c.ib_addr_family, libc::AF_INET6);
+        assert_eq!(parse_cidr("fd00::/8"), Some(("fd00::".parse().unwrap(), 8)));
+        assert_eq!(parse_cidr("10.0.0.0/33"), None);
+        assert_eq!(parse_cidr("10.0.0.0"), None);
     }
 
     #[test]

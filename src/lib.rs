@@ -7,4 +7,5 @@ pub mod error;
 pub mod log;
 pub mod plugin;
 pub mod proto;
+pub mod sys;
 pub mod transport;

@@ -7,8 +7,10 @@ use crate::config;
 use crate::error::{Error, Result};
 use crate::log::INIT;
 use crate::proto::{self, Handle, HANDLE_SIZE};
-use crate::transport::socket::{self, ifaces, Connector, Listener};
-use crate::transport::{Conn, RecvBuf, MAX_RECVS};
+use crate::transport::socket::{self, ifaces, Connector, Link, Listener, RecvConn, SendConn};
+use crate::transport::verbs::dev::IbPort;
+use crate::transport::verbs::{self, Setup};
+use crate::transport::{Conn, MrInfo, RecvBuf, MAX_RECVS};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -23,12 +25,17 @@ pub struct Device {
     pub guid: u64,
     pub speed: i32,
     pub port: i32,
+    /// The TCP transport's interface, or the out-of-band interface of an RDMA port.
     pub iface: ifaces::Iface,
+    /// The RDMA port, when this device is one.
+    pub ib: Option<IbPort>,
 }
 
 pub struct Devices {
     pub list: Vec<Device>,
     pub transport: &'static str,
+    /// Why the RDMA transport is not in use (when it is not).
+    pub no_rdma: Option<String>,
 }
 
 /// Everything `getProperties` reports, before conversion to a versioned struct.
@@ -53,6 +60,14 @@ static DEVICES: OnceLock<std::result::Result<Devices, Error>> = OnceLock::new();
 
 fn discover() -> std::result::Result<Devices, Error> {
     let cfg = config::get();
+    let no_rdma = if cfg.ib_disable {
+        "NCCL_IB_DISABLE=1".to_string()
+    } else {
+        match verbs::dev::discover(cfg) {
+            Ok(ports) => return verbs_devices(cfg, ports),
+            Err(why) => why,
+        }
+    };
     let found = ifaces::select(cfg.socket_ifname.as_deref(), cfg.socket_family);
     if found.is_empty() {
         return Err(Error::system(match &cfg.socket_ifname {
@@ -72,9 +87,35 @@ fn discover() -> std::result::Result<Devices, Error> {
             speed: f.speed,
             port: 0,
             iface: f,
+            ib: None,
         })
         .collect();
-    Ok(Devices { list, transport: "TCP" })
+    Ok(Devices { list, transport: "TCP", no_rdma: Some(no_rdma) })
+}
+
+/// RDMA ports as NCCL devices; connection setup runs over the first usable IP interface.
+fn verbs_devices(cfg: &config::Config, ports: Vec<IbPort>) -> std::result::Result<Devices, Error> {
+    let Some(oob) = ifaces::select(cfg.socket_ifname.as_deref(), cfg.socket_family).into_iter().next() else {
+        return Err(Error::system(
+            "RDMA devices exist but no IP interface is up for the connection setup: bring one up or select it with NCCL_SOCKET_IFNAME",
+        ));
+    };
+    if let Some(p) = verbs::dev::memlock_problem() {
+        log::warn!("NET/rivet: {p}");
+    }
+    let list = ports
+        .into_iter()
+        .map(|p| Device {
+            name: CString::new(p.dev.name.clone()).unwrap_or_default(),
+            pci_path: p.dev.pci_path.as_ref().and_then(|s| CString::new(s.as_str()).ok()),
+            guid: p.dev.guid,
+            speed: p.speed,
+            port: p.port as i32,
+            iface: oob.clone(),
+            ib: Some(p),
+        })
+        .collect();
+    Ok(Devices { list, transport: "RDMA verbs", no_rdma: None })
 }
 
 /// The device table, discovered once per process.
@@ -103,25 +144,50 @@ pub fn init(logger: ncclDebugLogger_t, abi: u32) -> Result<()> {
     if *seen & (1 << abi) == 0 {
         *seen |= 1 << abi;
         log::info!(target: INIT, "NET/rivet: rivet {VERSION} loaded from {}, ncclNet v{abi} ABI", library_path());
+        let pci = |d: &Device| {
+            d.pci_path.as_ref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|| "none (virtual)".into())
+        };
         for (i, d) in devs.list.iter().enumerate() {
-            log::info!(
-                target: INIT,
-                "NET/rivet: device {i}: {} {} speed {} Mb/s pci {}",
-                d.iface.name,
-                d.iface.addr,
-                d.speed,
-                d.pci_path.as_ref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|| "none (virtual)".into())
-            );
+            match &d.ib {
+                Some(p) => log::info!(
+                    target: INIT,
+                    "NET/rivet: device {i}: {} speed {} Mb/s pci {} guid {:#x}{}",
+                    p.describe(),
+                    d.speed,
+                    pci(d),
+                    d.guid,
+                    if p.dev.relaxed_ordering { " [RO]" } else { "" }
+                ),
+                None => log::info!(
+                    target: INIT,
+                    "NET/rivet: device {i}: {} {} speed {} Mb/s pci {}",
+                    d.iface.name,
+                    d.iface.addr,
+                    d.speed,
+                    pci(d)
+                ),
+            }
         }
         let cfg = config::get();
-        log::info!(
-            target: INIT,
-            "NET/rivet: transport {} (no RDMA transport in this build), {} device(s), {} stream(s) per connection, timeout {}s",
-            devs.transport,
-            devs.list.len(),
-            cfg.socket_nstreams,
-            cfg.timeout_secs
-        );
+        match &devs.no_rdma {
+            Some(why) => log::info!(
+                target: INIT,
+                "NET/rivet: transport TCP (RDMA not used: {why}), {} device(s), {} stream(s) per connection, timeout {}s",
+                devs.list.len(),
+                cfg.socket_nstreams,
+                cfg.timeout_secs
+            ),
+            None => log::info!(
+                target: INIT,
+                "NET/rivet: transport RDMA verbs via {}, {} device(s), {} QP(s) per connection, out-of-band {} {}, timeout {}s",
+                crate::sys::verbs::get().map(|v| v.path.clone()).unwrap_or_default(),
+                devs.list.len(),
+                cfg.ib_qps,
+                devs.list[0].iface.name,
+                devs.list[0].iface.addr,
+                cfg.timeout_secs
+            ),
+        }
     }
     Ok(())
 }
@@ -214,11 +280,13 @@ pub fn ctx_new(comm_id: u64, traffic_class: i32) -> *mut c_void {
     p
 }
 
-pub fn ctx_check(ctx: *mut c_void) -> Result<()> {
+/// Checks a context; returns its traffic class when the communicator set one.
+pub fn ctx_check(ctx: *mut c_void) -> Result<Option<u8>> {
     if ctx.is_null() || !is_live(ctx as usize, Obj::Ctx) {
         return Err(Error::internal(format!("unknown plugin context {ctx:p} (not returned by init, or finalized)")));
     }
-    Ok(())
+    let tc = unsafe { (*(ctx as *const Ctx)).traffic_class };
+    Ok(u8::try_from(tc).ok())
 }
 
 pub fn ctx_finalize(ctx: *mut c_void) -> Result<()> {
@@ -236,7 +304,45 @@ pub fn ctx_finalize(ctx: *mut c_void) -> Result<()> {
 
 pub struct ListenComm {
     dev: i32,
-    inner: Mutex<Listener>,
+    inner: Mutex<Accepting>,
+}
+
+struct Accepting {
+    listener: Listener,
+    /// RDMA setups of connections whose TCP handshake is done.
+    setups: Vec<Setup>,
+}
+
+fn transport_of(d: &Device) -> u8 {
+    if d.ib.is_some() {
+        proto::TRANSPORT_VERBS
+    } else {
+        proto::TRANSPORT_SOCKET
+    }
+}
+
+fn transport_name(t: u8) -> &'static str {
+    match t {
+        proto::TRANSPORT_SOCKET => "TCP",
+        proto::TRANSPORT_VERBS => "RDMA verbs",
+        _ => "unknown",
+    }
+}
+
+fn socket_send(link: Link) -> Box<dyn Conn> {
+    log::info!("NET/rivet: connected to {} over TCP with {} stream(s)", link.peer, link.fds.len());
+    Box::new(SendConn::new(link.fds, link.peer, link.min_chunk))
+}
+
+fn socket_recv(link: Link) -> Box<dyn Conn> {
+    log::info!("NET/rivet: accepted a TCP connection from {} with {} stream(s)", link.peer, link.fds.len());
+    Box::new(RecvConn::new(link.fds, link.peer, link.min_chunk))
+}
+
+/// A connect in progress, kept between NCCL's calls.
+enum Stage {
+    Tcp(Connector),
+    Verbs(Setup),
 }
 
 fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> {
@@ -249,17 +355,18 @@ fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> {
 pub fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
     let d = device(dev)?;
     let buf = handle_buf(handle)?;
-    let (l, h) = Listener::new(&d.iface, config::get().timeout())?;
+    let (l, h) = Listener::new(&d.iface, transport_of(d), config::get().timeout())?;
     h.encode(buf);
     log::trace!("NET/rivet: listening on {} (dev {dev})", l.addr);
-    let p = Box::into_raw(Box::new(ListenComm { dev, inner: Mutex::new(l) })) as *mut c_void;
+    let inner = Mutex::new(Accepting { listener: l, setups: Vec::new() });
+    let p = Box::into_raw(Box::new(ListenComm { dev, inner })) as *mut c_void;
     register(p as usize, Obj::Listen);
     Ok(p)
 }
 
 /// Non-blocking connect: Ok(null) until the connection is up; NCCL calls again with the same handle.
-pub fn connect(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
-    device(dev)?;
+pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Result<*mut c_void> {
+    let d = device(dev)?;
     let buf = handle_buf(handle)?;
     // A foreign or corrupted handle is reported as such, whatever its stage bytes hold.
     let h = Handle::decode(buf).map_err(|e| Error::usage(format!("connect: {e}")))?;
@@ -270,23 +377,37 @@ pub fn connect(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
                 "the handle carries a connect stage this process does not know (a handle reused across processes while its connect was in progress?)",
             ));
         }
-        sp as *mut Connector
+        sp as *mut Stage
     } else {
-        if h.transport != proto::TRANSPORT_SOCKET {
+        if h.transport != transport_of(d) {
             return Err(Error::usage(format!(
-                "connect: the handle is for transport {} but this rivet uses TCP: every rank must see the same kind of network",
-                h.transport
+                "connect: the peer listens with the {} transport but device {dev} here uses {}: every rank must see the same kind of network (set NCCL_IB_DISABLE=1 everywhere to use TCP)",
+                transport_name(h.transport),
+                transport_name(transport_of(d))
             )));
         }
         let cfg = config::get();
-        let c = Connector::new(&h, cfg.socket_nstreams, cfg.socket_min_chunk, cfg.timeout())?;
-        let p = Box::into_raw(Box::new(c));
+        let nstreams = if d.ib.is_some() { 1 } else { cfg.socket_nstreams };
+        let c = Connector::new(&h, nstreams, cfg.socket_min_chunk, cfg.timeout())?;
+        let p = Box::into_raw(Box::new(Stage::Tcp(c)));
         let cookie = socket::random_u64();
         register(p as usize, Obj::Connector(cookie));
         proto::stage_set(buf, p as u64, cookie);
         p
     };
-    let r = unsafe { &mut *conn_ptr }.poll();
+    let stage = unsafe { &mut *conn_ptr };
+    let r = (|| loop {
+        match stage {
+            Stage::Tcp(c) => match c.poll()? {
+                None => return Ok(None),
+                Some(link) => match &d.ib {
+                    None => return Ok(Some(socket_send(link))),
+                    Some(port) => *stage = Stage::Verbs(Setup::connector(port, link, traffic_class)?),
+                },
+            },
+            Stage::Verbs(s) => return s.poll(),
+        }
+    })();
     let finish = |buf: &mut [u8; HANDLE_SIZE]| {
         let (_, cookie) = proto::stage_get(buf);
         unregister(conn_ptr as usize, Obj::Connector(cookie));
@@ -297,7 +418,7 @@ pub fn connect(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
         Ok(None) => Ok(std::ptr::null_mut()),
         Ok(Some(conn)) => {
             finish(buf);
-            Ok(Comm::new_raw(dev, Box::new(conn), true))
+            Ok(Comm::new_raw(dev, conn, true))
         }
         Err(e) => {
             finish(buf);
@@ -317,10 +438,27 @@ fn listen_comm<'a>(p: *mut c_void) -> Result<&'a ListenComm> {
 pub fn accept(lc: *mut c_void) -> Result<*mut c_void> {
     let l = listen_comm(lc)?;
     let mut g = l.inner.lock().map_err(|_| Error::internal("listen comm unusable after an earlier internal error"))?;
-    match g.accept()? {
-        None => Ok(std::ptr::null_mut()),
-        Some(conn) => Ok(Comm::new_raw(l.dev, Box::new(conn), false)),
+    let d = device(l.dev)?;
+    while let Some(link) = g.listener.accept()? {
+        match &d.ib {
+            None => return Ok(Comm::new_raw(l.dev, socket_recv(link), false)),
+            Some(port) => g.setups.push(Setup::acceptor(port, link)),
+        }
     }
+    for i in 0..g.setups.len() {
+        match g.setups[i].poll() {
+            Ok(None) => {}
+            Ok(Some(conn)) => {
+                g.setups.swap_remove(i);
+                return Ok(Comm::new_raw(l.dev, conn, false));
+            }
+            Err(e) => {
+                g.setups.swap_remove(i);
+                return Err(e);
+            }
+        }
+    }
+    Ok(std::ptr::null_mut())
 }
 
 pub fn close_listen(lc: *mut c_void) -> Result<()> {
@@ -401,12 +539,24 @@ fn any_comm<'a>(p: *mut c_void) -> Result<&'a Comm> {
     Ok(unsafe { &*(p as *const Comm) })
 }
 
-pub fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, _mh: *mut c_void) -> Result<*mut c_void> {
+/// The registration behind a memory handle NCCL passes on the data path (checked by magic).
+fn mr_info(mh: *mut c_void) -> Result<*const MrInfo> {
+    if mh.is_null() {
+        return Ok(std::ptr::null());
+    }
+    let m = unsafe { &*(mh as *const Mr) };
+    if m.magic != MR_MAGIC {
+        return Err(Error::internal(format!("{mh:p} is not a live rivet memory handle")));
+    }
+    Ok(&m.info)
+}
+
+pub fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, mh: *mut c_void) -> Result<*mut c_void> {
     let c = comm(sc, COMM_MAGIC_SEND, "send comm")?;
     if data.is_null() && size > 0 {
         return Err(Error::internal(format!("isend of {size} bytes from a NULL buffer")));
     }
-    let slot = c.lock()?.isend(data as *const u8, size, tag)?;
+    let slot = c.lock()?.isend(data as *const u8, size, tag, mr_info(mh)?)?;
     Ok(slot.map_or(std::ptr::null_mut(), |s| c.request(s)))
 }
 
@@ -418,6 +568,7 @@ pub unsafe fn irecv(
     data: *mut *mut c_void,
     size_of: impl Fn(usize) -> Result<usize>,
     tags: *mut i32,
+    mh: *mut *mut c_void,
 ) -> Result<*mut c_void> {
     let c = comm(rc, COMM_MAGIC_RECV, "recv comm")?;
     if n < 1 || n as usize > MAX_RECVS {
@@ -426,26 +577,38 @@ pub unsafe fn irecv(
     if data.is_null() || tags.is_null() {
         return Err(Error::internal("irecv with a NULL data or tags array"));
     }
-    let mut bufs = [RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0 }; MAX_RECVS];
+    let mut bufs = [RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0, mr: std::ptr::null() }; MAX_RECVS];
     for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
         let size = size_of(i)?;
         let ptr = *data.add(i) as *mut u8;
         if ptr.is_null() && size > 0 {
             return Err(Error::internal(format!("irecv buffer {i} of {size} bytes is NULL")));
         }
-        *b = RecvBuf { ptr, size, tag: *tags.add(i) };
+        let mr = if mh.is_null() { std::ptr::null() } else { mr_info(*mh.add(i))? };
+        *b = RecvBuf { ptr, size, tag: *tags.add(i), mr };
     }
     let slot = c.lock()?.irecv(&bufs[..n as usize])?;
     Ok(slot.map_or(std::ptr::null_mut(), |s| c.request(s)))
 }
 
-pub fn iflush(rc: *mut c_void, n: i32) -> Result<*mut c_void> {
-    comm(rc, COMM_MAGIC_RECV, "recv comm")?;
+/// `iflush` after a receive completed: the transport decides whether there is anything to wait
+/// for (TCP never; verbs issues its 1-byte RDMA READ). NULL request: nothing to wait for.
+pub fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mut i32, mh: *mut *mut c_void) -> Result<*mut c_void> {
+    let c = comm(rc, COMM_MAGIC_RECV, "recv comm")?;
     if n < 0 || n as usize > MAX_RECVS {
         return Err(Error::internal(format!("iflush with n={n}")));
     }
-    // Host memory (all the TCP transport carries) needs no flush: nothing to wait for.
-    Ok(std::ptr::null_mut())
+    if n == 0 || data.is_null() || sizes.is_null() {
+        return Ok(std::ptr::null_mut());
+    }
+    let mut bufs = [RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0, mr: std::ptr::null() }; MAX_RECVS];
+    for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
+        let size = unsafe { *sizes.add(i) }.max(0) as usize;
+        let mr = if mh.is_null() { std::ptr::null() } else { mr_info(unsafe { *mh.add(i) })? };
+        *b = RecvBuf { ptr: unsafe { *data.add(i) } as *mut u8, size, tag: 0, mr };
+    }
+    let slot = c.lock()?.iflush(&bufs[..n as usize])?;
+    Ok(slot.map_or(std::ptr::null_mut(), |s| c.request(s)))
 }
 
 /// `test`: progress the request's comm; when done, sizes (one per buffer) go to `sizes` if non-NULL.
@@ -496,19 +659,25 @@ pub fn close_comm(p: *mut c_void, send: bool) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // Memory registration.
 
+const MR_MAGIC: u64 = 0x7269_7665_744d_5248; // "rivetMRH"
+
+/// What a memory handle handed to NCCL points at.
 pub struct Mr {
-    pub ptr: usize,
-    pub size: usize,
+    magic: u64,
+    pub info: MrInfo,
     pub ty: i32,
+    /// The cached `ibv_mr` and its device (verbs only).
+    verbs: Option<(usize, &'static IbPort)>,
 }
 
 pub fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: i32) -> Result<*mut c_void> {
     let c = any_comm(comm)?;
+    let d = device(c.dev)?;
     match ty {
         NCCL_PTR_HOST => {}
         NCCL_PTR_CUDA | NCCL_PTR_DMABUF => {
             return Err(Error::internal(format!(
-                "regMr of {} memory on device {}: the TCP transport carries host memory only (ptrSupport = NCCL_PTR_HOST)",
+                "regMr of {} memory on device {}: rivet registers host memory only so far (ptrSupport = NCCL_PTR_HOST)",
                 if ty == NCCL_PTR_CUDA { "CUDA" } else { "dma-buf" },
                 c.dev
             )))
@@ -518,7 +687,44 @@ pub fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: i32) -> Res
     if data.is_null() && size > 0 {
         return Err(Error::internal(format!("regMr of {size} bytes at NULL")));
     }
-    let p = Box::into_raw(Box::new(Mr { ptr: data as usize, size, ty })) as *mut c_void;
+    let (info, verbs) = match &d.ib {
+        None => (MrInfo { addr: data as usize, len: size, ..Default::default() }, None),
+        Some(port) => {
+            use crate::sys::ib::*;
+            // No wider than the use needs: receive buffers take remote writes (and the flush's
+            // read); send buffers are only read locally.
+            let access = if c.magic == COMM_MAGIC_RECV {
+                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+            } else {
+                0
+            };
+            let dev = &port.dev;
+            let mut cache = dev.mrs.lock().unwrap_or_else(|p| p.into_inner());
+            let lease = cache.acquire(data as usize, size, access as i32, |a, l, acc| dev.register(a, l, acc).map(|m| m as usize))?;
+            drop(cache);
+            let m = unsafe { &*(lease.mr as *const ibv_mr) };
+            log::trace!(
+                "NET/rivet: regMr {data:p} {size} bytes on {} -> MR [{:p}, +{}) lkey {:#x} rkey {:#x} access {access:#x} refs {}{}",
+                dev.name,
+                m.addr,
+                m.length,
+                m.lkey,
+                m.rkey,
+                lease.refs,
+                if lease.fresh { " (registered)" } else { " (cached)" }
+            );
+            let info = MrInfo {
+                addr: m.addr as usize,
+                len: m.length,
+                lkey: m.lkey,
+                rkey: m.rkey,
+                access,
+                dev: &**dev as *const _ as usize,
+            };
+            (info, Some((lease.mr, port)))
+        }
+    };
+    let p = Box::into_raw(Box::new(Mr { magic: MR_MAGIC, info, ty, verbs })) as *mut c_void;
     register(p as usize, Obj::Mr);
     log::trace!("NET/rivet: regMr {data:p} {size} bytes type {ty} -> {p:p}");
     Ok(p)
@@ -528,7 +734,20 @@ pub fn dereg_mr(_comm: *mut c_void, mh: *mut c_void) -> Result<()> {
     if mh.is_null() || !unregister(mh as usize, Obj::Mr) {
         return Err(Error::internal(format!("deregMr of an unknown or already released memory handle {mh:p}")));
     }
-    let m = unsafe { Box::from_raw(mh as *mut Mr) };
-    log::trace!("NET/rivet: deregMr {:#x} {} bytes", m.ptr, m.size);
+    let mut m = unsafe { Box::from_raw(mh as *mut Mr) };
+    m.magic = 0;
+    if let Some((mr, port)) = m.verbs {
+        let dev = &port.dev;
+        let v = crate::sys::verbs::get().map_err(|e| Error::system(e.0))?;
+        let left = dev.mrs.lock().unwrap_or_else(|p| p.into_inner()).release(mr, |mr| {
+            let rc = unsafe { (v.dereg_mr)(mr as *mut _) };
+            if rc != 0 {
+                return Err(Error::system(format!("{}: ibv_dereg_mr failed: {}", dev.name, std::io::Error::from_raw_os_error(rc))));
+            }
+            Ok(())
+        })?;
+        log::trace!("NET/rivet: deregMr on {}: MR {mr:#x} refs {left}{}", dev.name, if left == 0 { " (deregistered)" } else { "" });
+    }
+    log::trace!("NET/rivet: deregMr {:#x} {} bytes", m.info.addr, m.info.len);
     Ok(())
 }

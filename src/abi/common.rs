@@ -28,7 +28,7 @@ pub unsafe extern "C" fn ctx_listen(ctx: *mut c_void, dev: c_int, handle: *mut c
 pub unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut *mut c_void) -> ncclResult_t {
     boundary("connect", || {
         super::ffi::nonnull(sc, "sendComm")?;
-        out(sc, "sendComm", plugin::connect(dev, handle)?)
+        out(sc, "sendComm", plugin::connect(dev, handle, None)?)
     })
 }
 
@@ -51,9 +51,9 @@ pub unsafe extern "C" fn ctx_connect(
     _dc: *mut *mut ncclNetDeviceHandle_t,
 ) -> ncclResult_t {
     boundary("connect", || {
-        plugin::ctx_check(ctx)?;
+        let tc = plugin::ctx_check(ctx)?;
         super::ffi::nonnull(sc, "sendComm")?;
-        out(sc, "sendComm", plugin::connect(dev, handle)?)
+        out(sc, "sendComm", plugin::connect(dev, handle, tc)?)
     })
 }
 
@@ -156,7 +156,7 @@ pub unsafe extern "C" fn irecv_int(
     data: *mut *mut c_void,
     sizes: *mut c_int,
     tags: *mut c_int,
-    _mh: *mut *mut c_void,
+    mh: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
     boundary("irecv", || {
@@ -166,7 +166,7 @@ pub unsafe extern "C" fn irecv_int(
             let s = *sizes.add(i);
             usize::try_from(s).map_err(|_| Error::arg(format!("irecv buffer {i} with negative size {s}")))
         };
-        out(req, "request", plugin::irecv(rc, n, data, size_of, tags)?)
+        out(req, "request", plugin::irecv(rc, n, data, size_of, tags, mh)?)
     })
 }
 
@@ -176,7 +176,7 @@ pub unsafe extern "C" fn irecv(
     data: *mut *mut c_void,
     sizes: *mut usize,
     tags: *mut c_int,
-    _mh: *mut *mut c_void,
+    mh: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
     boundary("irecv", || {
@@ -184,7 +184,7 @@ pub unsafe extern "C" fn irecv(
         // may be skipped. rivet completes every receive, so it is read as nothing more.
         super::ffi::nonnull(req, "request")?;
         super::ffi::nonnull(sizes, "sizes")?;
-        out(req, "request", plugin::irecv(rc, n, data, |i| Ok(*sizes.add(i)), tags)?)
+        out(req, "request", plugin::irecv(rc, n, data, |i| Ok(*sizes.add(i)), tags, mh)?)
     })
 }
 
@@ -204,14 +204,14 @@ pub unsafe extern "C" fn irecv_p(
 pub unsafe extern "C" fn iflush(
     rc: *mut c_void,
     n: c_int,
-    _data: *mut *mut c_void,
-    _sizes: *mut c_int,
-    _mh: *mut *mut c_void,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    mh: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
     boundary("iflush", || {
         super::ffi::nonnull(req, "request")?;
-        out(req, "request", plugin::iflush(rc, n)?)
+        out(req, "request", plugin::iflush(rc, n, data, sizes, mh)?)
     })
 }
 

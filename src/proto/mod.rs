@@ -8,6 +8,9 @@ pub const HANDLE_SIZE: usize = 128;
 const HANDLE_MAGIC: u32 = 0x5256_4e54; // "RVNT"
 pub const PROTO_VERSION: u8 = 1;
 pub const TRANSPORT_SOCKET: u8 = 1;
+pub const TRANSPORT_VERBS: u8 = 2;
+
+pub mod verbs;
 /// Where a connect in progress keeps its state pointer and cookie inside the caller's handle
 /// buffer (NCCL calls connect again with the same buffer until it returns a comm).
 const STAGE_OFF: usize = 112;

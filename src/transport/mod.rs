@@ -1,9 +1,30 @@
-//! What the version-independent core asks of a transport's connection. The TCP transport is the
-//! one built so far; the verbs transport plugs in behind the same trait.
+//! What the version-independent core asks of a transport's connection: the TCP transport and the
+//! RDMA verbs transport sit behind the same trait.
 
 pub mod socket;
+pub mod verbs;
 
 use crate::error::{Error, Result};
+
+/// A memory registration as the data path sees it (from the handle `regMr` returned).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MrInfo {
+    /// The registered range (page aligned for verbs, exact for TCP).
+    pub addr: usize,
+    pub len: usize,
+    pub lkey: u32,
+    pub rkey: u32,
+    /// IBV_ACCESS_* flags the registration has (0 for TCP).
+    pub access: u32,
+    /// Identity of the RDMA device the keys belong to (0 for TCP).
+    pub dev: usize,
+}
+
+impl MrInfo {
+    pub fn covers(&self, ptr: usize, size: usize) -> bool {
+        ptr >= self.addr && ptr.checked_add(size).is_some_and(|end| end <= self.addr + self.len)
+    }
+}
 
 /// One buffer of a (possibly grouped) receive.
 #[derive(Debug, Clone, Copy)]
@@ -11,6 +32,8 @@ pub struct RecvBuf {
     pub ptr: *mut u8,
     pub size: usize,
     pub tag: i32,
+    /// The buffer's registration (null when NCCL passed none).
+    pub mr: *const MrInfo,
 }
 
 /// Most buffers in one grouped receive (the `maxRecvs` every device reports).
@@ -20,12 +43,17 @@ pub const MAX_RECVS: usize = 8;
 /// handed out by `isend`/`irecv` and free again once `test` reported it done.
 pub trait Conn: Send {
     /// Post a send; `Ok(None)` is back-pressure (no free slot), the caller retries later.
-    fn isend(&mut self, _data: *const u8, _size: usize, _tag: i32) -> Result<Option<u32>> {
+    fn isend(&mut self, _data: *const u8, _size: usize, _tag: i32, _mr: *const MrInfo) -> Result<Option<u32>> {
         Err(Error::internal("isend called on a receive comm"))
     }
     /// Post a receive of 1..=MAX_RECVS buffers; `Ok(None)` is back-pressure.
     fn irecv(&mut self, _bufs: &[RecvBuf]) -> Result<Option<u32>> {
         Err(Error::internal("irecv called on a send comm"))
+    }
+    /// Make GPU-written receive data visible (the receive buffers of a completed `irecv`);
+    /// `Ok(None)` means nothing to wait for.
+    fn iflush(&mut self, _bufs: &[RecvBuf]) -> Result<Option<u32>> {
+        Ok(None)
     }
     /// Make progress and report whether `slot` is done; when it is, its sizes are written to
     /// `sizes` (one per buffer of the request) and their count returned.

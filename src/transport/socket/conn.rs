@@ -6,7 +6,7 @@
 use super::sock::{self, Io};
 use crate::error::{Error, Result};
 use crate::proto::{split, MsgHeader, MSG_HDR_SIZE};
-use crate::transport::{Conn, RecvBuf, MAX_RECVS};
+use crate::transport::{Conn, MrInfo, RecvBuf, MAX_RECVS};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -194,7 +194,7 @@ impl SendConn {
 }
 
 impl Conn for SendConn {
-    fn isend(&mut self, data: *const u8, size: usize, tag: i32) -> Result<Option<u32>> {
+    fn isend(&mut self, data: *const u8, size: usize, tag: i32, _mr: *const MrInfo) -> Result<Option<u32>> {
         self.s.check()?;
         let Some(slot) = self.free.pop() else { return Ok(None) };
         let seq = self.next_seq;
@@ -269,7 +269,7 @@ unsafe impl Send for RecvConn {}
 
 impl RecvConn {
     pub fn new(fds: Vec<OwnedFd>, peer: SocketAddr, min_chunk: usize) -> RecvConn {
-        let empty = RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0 };
+        let empty = RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0, mr: std::ptr::null() };
         let slots = (0..RECV_SLOTS)
             .map(|_| RecvSlot {
                 n: 0,

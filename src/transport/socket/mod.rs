@@ -8,7 +8,7 @@ pub mod sock;
 
 use crate::error::{Error, Result};
 use crate::proto::{self, Handle, Hello, ACK_SIZE, HELLO_SIZE};
-use conn::{RecvConn, SendConn};
+pub use conn::{RecvConn, SendConn};
 use ifaces::Iface;
 use sock::Io;
 use std::net::SocketAddr;
@@ -49,6 +49,13 @@ struct Group {
 /// Most half-open connections a listen comm keeps; beyond this the oldest is dropped.
 const MAX_PENDING: usize = 256;
 
+/// A connection whose TCP handshake is done: the streams, in order, and the peer.
+pub struct Link {
+    pub fds: Vec<OwnedFd>,
+    pub peer: SocketAddr,
+    pub min_chunk: usize,
+}
+
 pub struct Listener {
     fd: OwnedFd,
     pub addr: SocketAddr,
@@ -59,11 +66,11 @@ pub struct Listener {
 }
 
 impl Listener {
-    pub fn new(iface: &Iface, timeout: Duration) -> Result<(Listener, Handle)> {
+    pub fn new(iface: &Iface, transport: u8, timeout: Duration) -> Result<(Listener, Handle)> {
         let (fd, addr) = sock::listen(iface.addr)
             .map_err(|e| Error::system(format!("listen on {} ({}): {e}", iface.name, iface.addr)))?;
         let magic = random_u64();
-        let h = Handle { transport: proto::TRANSPORT_SOCKET, magic, addr };
+        let h = Handle { transport, magic, addr };
         Ok((Listener { fd, addr, magic, timeout, pending: Vec::new(), groups: Vec::new() }, h))
     }
 
@@ -76,7 +83,7 @@ impl Listener {
 
     /// Non-blocking: returns a receive connection once a connector's streams have all arrived and
     /// been acknowledged. Foreign clients, garbage and wrong handles are dropped with a WARN.
-    pub fn accept(&mut self) -> Result<Option<RecvConn>> {
+    pub fn accept(&mut self) -> Result<Option<Link>> {
         for _ in 0..64 {
             match sock::accept(&self.fd)? {
                 Some((fd, peer)) => {
@@ -189,10 +196,10 @@ impl Listener {
         });
     }
 
-    fn finish_group(&mut self) -> Result<Option<RecvConn>> {
+    fn finish_group(&mut self) -> Result<Option<Link>> {
         let Some(gi) = self.groups.iter().position(|g| g.have == g.streams.len()) else { return Ok(None) };
         let g = &mut self.groups[gi];
-        let fd0 = g.streams[0].as_ref().unwrap();
+        let Some(fd0) = g.streams[0].as_ref() else { return Ok(None) };
         match sock::send_small(fd0, &g.ack[g.ack_sent..]) {
             Ok(Io::Done(n)) => g.ack_sent += n,
             Ok(_) => return Ok(None),
@@ -210,11 +217,7 @@ impl Listener {
         for fd in &fds {
             sock::tune(fd, self.timeout);
         }
-        log::info!(
-            "NET/rivet: accepted a TCP connection from {} on {} with {} stream(s)",
-            g.peer, self.addr, fds.len()
-        );
-        Ok(Some(RecvConn::new(fds, g.peer, g.min_chunk)))
+        Ok(Some(Link { fds, peer: g.peer, min_chunk: g.min_chunk }))
     }
 }
 
@@ -263,7 +266,7 @@ impl Connector {
 
     /// Non-blocking: Some once every stream is connected, has sent its hello, and the listener
     /// acknowledged the connection.
-    pub fn poll(&mut self) -> Result<Option<SendConn>> {
+    pub fn poll(&mut self) -> Result<Option<Link>> {
         let peer = self.peer;
         for (i, (fd, st)) in self.streams.iter_mut().enumerate() {
             if let Stage::Connecting = st {
@@ -303,8 +306,7 @@ impl Connector {
                         for fd in &fds {
                             sock::tune(fd, self.timeout);
                         }
-                        log::info!("NET/rivet: connected to {peer} over TCP with {} stream(s)", fds.len());
-                        Ok(Some(SendConn::new(fds, peer, self.min_chunk)))
+                        Ok(Some(Link { fds, peer, min_chunk: self.min_chunk }))
                     }
                     Some((_, proto::ACK_BAD_MAGIC)) => Err(Error::usage(format!(
                         "the listener at {peer} rejected our handle: its magic does not match that listen comm (a stale handle, or one meant for another listen call)"

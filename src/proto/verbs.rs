@@ -1,0 +1,265 @@
+//! Wire formats of the verbs transport, as pure code: the connection metadata exchanged once over
+//! the out-of-band TCP socket, the clear-to-send (CTS) entry the receiver RDMA-writes into the
+//! sender's FIFO, and the 128-byte-aligned split of a message across queue pairs.
+
+use super::{rd_u16, rd_u32, rd_u64, PROTO_VERSION};
+
+pub const META_SIZE: usize = 160;
+const META_MAGIC: u32 = 0x5256_564d; // "RVVM"
+/// Most queue pairs one connection may use.
+pub const MAX_QPS: usize = 16;
+const NAME_LEN: usize = 32;
+
+/// What each side of a verbs connection tells the other. `fifo_addr`/`fifo_rkey` name the memory
+/// the peer writes into: the sender's CTS FIFO, or the receiver's sizes FIFO.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub nqps: u8,
+    pub link_layer: u8,
+    pub port: u8,
+    /// `ibv_mtu` enum (1 = 256 … 5 = 4096).
+    pub mtu: u8,
+    pub lid: u16,
+    pub tc: u8,
+    pub sl: u8,
+    pub gid: [u8; 16],
+    pub fifo_addr: u64,
+    pub fifo_rkey: u32,
+    pub dev_name: String,
+    pub qpns: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaError {
+    NotRivet(u32),
+    Version(u16),
+    Length(u16),
+    Field(&'static str, u64),
+}
+
+impl std::fmt::Display for MetaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            MetaError::NotRivet(m) => write!(f, "the peer's connection metadata is not rivet's (magic {m:#010x})"),
+            MetaError::Version(v) => {
+                write!(f, "the peer speaks rivet verbs protocol {v}, this side {PROTO_VERSION}: run one rivet build on every rank")
+            }
+            MetaError::Length(l) => write!(f, "the peer's connection metadata has length {l}, expected {META_SIZE}"),
+            MetaError::Field(name, v) => write!(f, "the peer's connection metadata has an invalid {name} ({v})"),
+        }
+    }
+}
+
+impl Meta {
+    pub fn encode(&self) -> [u8; META_SIZE] {
+        let mut b = [0u8; META_SIZE];
+        b[0..4].copy_from_slice(&META_MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&(PROTO_VERSION as u16).to_le_bytes());
+        b[6..8].copy_from_slice(&(META_SIZE as u16).to_le_bytes());
+        b[8] = self.nqps;
+        b[9] = self.link_layer;
+        b[10] = self.port;
+        b[11] = self.mtu;
+        b[12..14].copy_from_slice(&self.lid.to_le_bytes());
+        b[14] = self.tc;
+        b[15] = self.sl;
+        b[16..32].copy_from_slice(&self.gid);
+        b[32..40].copy_from_slice(&self.fifo_addr.to_le_bytes());
+        b[40..44].copy_from_slice(&self.fifo_rkey.to_le_bytes());
+        let name = self.dev_name.as_bytes();
+        let n = name.len().min(NAME_LEN - 1);
+        b[48..48 + n].copy_from_slice(&name[..n]);
+        for (i, q) in self.qpns.iter().take(MAX_QPS).enumerate() {
+            b[80 + 4 * i..84 + 4 * i].copy_from_slice(&q.to_le_bytes());
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8; META_SIZE]) -> Result<Meta, MetaError> {
+        let m = rd_u32(b, 0);
+        if m != META_MAGIC {
+            return Err(MetaError::NotRivet(m));
+        }
+        let v = rd_u16(b, 4);
+        if v != PROTO_VERSION as u16 {
+            return Err(MetaError::Version(v));
+        }
+        let len = rd_u16(b, 6);
+        if len as usize != META_SIZE {
+            return Err(MetaError::Length(len));
+        }
+        let nqps = b[8];
+        if nqps == 0 || nqps as usize > MAX_QPS {
+            return Err(MetaError::Field("queue pair count", nqps as u64));
+        }
+        if !(1..=2).contains(&b[9]) {
+            return Err(MetaError::Field("link layer", b[9] as u64));
+        }
+        if !(1..=5).contains(&b[11]) {
+            return Err(MetaError::Field("MTU", b[11] as u64));
+        }
+        let name_raw = &b[48..48 + NAME_LEN];
+        let end = name_raw.iter().position(|&c| c == 0).unwrap_or(NAME_LEN);
+        let qpns: Vec<u32> = (0..nqps as usize).map(|i| rd_u32(b, 80 + 4 * i)).collect();
+        if let Some(&q) = qpns.iter().find(|&&q| q == 0 || q > 0xff_ffff) {
+            return Err(MetaError::Field("queue pair number", q as u64));
+        }
+        Ok(Meta {
+            nqps,
+            link_layer: b[9],
+            port: b[10],
+            mtu: b[11],
+            lid: rd_u16(b, 12),
+            tc: b[14],
+            sl: b[15],
+            gid: b[16..32].try_into().unwrap(),
+            fifo_addr: rd_u64(b, 32),
+            fifo_rkey: rd_u32(b, 40),
+            dev_name: String::from_utf8_lossy(&name_raw[..end]).into_owned(),
+            qpns,
+        })
+    }
+}
+
+pub const NOTICE_SIZE: usize = 32;
+const NOTICE_MAGIC: u32 = 0x5256_4e4f; // "RVNO"
+
+/// Sent by the sender over the out-of-band socket when it fails a send because of a collective
+/// mismatch, so that the receiver reports the same cause instead of a vanished peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mismatch {
+    pub send_size: u64,
+    pub recv_size: u64,
+    pub tag: i32,
+}
+
+impl Mismatch {
+    pub fn encode(&self) -> [u8; NOTICE_SIZE] {
+        let mut b = [0u8; NOTICE_SIZE];
+        b[0..4].copy_from_slice(&NOTICE_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&1u32.to_le_bytes());
+        b[8..16].copy_from_slice(&self.send_size.to_le_bytes());
+        b[16..24].copy_from_slice(&self.recv_size.to_le_bytes());
+        b[24..28].copy_from_slice(&self.tag.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; NOTICE_SIZE]) -> Option<Mismatch> {
+        (rd_u32(b, 0) == NOTICE_MAGIC && rd_u32(b, 4) == 1).then(|| Mismatch {
+            send_size: rd_u64(b, 8),
+            recv_size: rd_u64(b, 16),
+            tag: rd_u32(b, 24) as i32,
+        })
+    }
+}
+
+/// One clear-to-send entry: a receive buffer the sender may write. 32 bytes and 32-byte aligned,
+/// so one entry is one PCIe write; `seq` (the receive's sequence number + 1) comes last and says
+/// the entry is complete.
+#[repr(C, align(32))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cts {
+    pub addr: u64,
+    pub size: u64,
+    pub rkey: u32,
+    pub tag: i32,
+    /// Buffers in this grouped receive (1..=8); the same in each of its entries.
+    pub nreqs: u16,
+    pub _pad: u16,
+    pub seq: u32,
+}
+
+/// CTS slots per connection (a ring; the receiver has at most its request count in flight).
+pub const FIFO_DEPTH: usize = 256;
+/// Bytes of the sizes FIFO entry (one u64 per buffer of a grouped receive).
+pub const SIZES_ENTRY: usize = 8 * 8;
+/// imm_data meaning "read the sizes from the sizes FIFO" (grouped receive or a size >= 2^31).
+pub const IMM_SIZES: u32 = u32::MAX;
+/// Alignment of the pieces a message is split into across QPs (LL128 needs 128-byte units).
+pub const CHUNK_ALIGN: usize = 128;
+
+/// Bytes `[off, off+len)` of a `size`-byte message that queue pair `q` of `nqps` carries.
+pub fn qp_chunk(size: usize, nqps: usize, q: usize) -> (usize, usize) {
+    let chunk = size.div_ceil(nqps.max(1)).next_multiple_of(CHUNK_ALIGN);
+    let off = (q * chunk).min(size);
+    (off, chunk.min(size - off))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> Meta {
+        Meta {
+            nqps: 2,
+            link_layer: 2,
+            port: 1,
+            mtu: 5,
+            lid: 0,
+            tc: 106,
+            sl: 3,
+            gid: [7; 16],
+            fifo_addr: 0x7f00_1234_5000,
+            fifo_rkey: 0xabcd,
+            dev_name: "rxe0".into(),
+            qpns: vec![17, 18],
+        }
+    }
+
+    #[test]
+    fn meta_roundtrip() {
+        let m = meta();
+        assert_eq!(Meta::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn meta_rejects_bad_fields() {
+        let mut b = meta().encode();
+        b[0] = b'G';
+        assert!(matches!(Meta::decode(&b), Err(MetaError::NotRivet(_))));
+        let mut b = meta().encode();
+        b[6] = 10;
+        assert!(matches!(Meta::decode(&b), Err(MetaError::Length(_))));
+        let mut b = meta().encode();
+        b[8] = 17;
+        assert!(matches!(Meta::decode(&b), Err(MetaError::Field("queue pair count", 17))));
+        let mut b = meta().encode();
+        b[11] = 9;
+        assert!(matches!(Meta::decode(&b), Err(MetaError::Field("MTU", 9))));
+        let mut m = meta();
+        m.qpns[1] = 0;
+        assert!(matches!(Meta::decode(&m.encode()), Err(MetaError::Field("queue pair number", 0))));
+    }
+
+    #[test]
+    fn mismatch_notice_roundtrip() {
+        let m = Mismatch { send_size: 65536, recv_size: 4096, tag: -3 };
+        assert_eq!(Mismatch::decode(&m.encode()), Some(m));
+        assert_eq!(Mismatch::decode(&[0u8; NOTICE_SIZE]), None);
+    }
+
+    #[test]
+    fn cts_entry_is_32_bytes_with_seq_last() {
+        assert_eq!(std::mem::size_of::<Cts>(), 32);
+        assert_eq!(std::mem::align_of::<Cts>(), 32);
+        assert_eq!(std::mem::offset_of!(Cts, seq), 28);
+    }
+
+    #[test]
+    fn qp_chunks_cover_every_byte_in_128_byte_units() {
+        for nqps in 1..=5 {
+            for size in [0usize, 1, 127, 128, 129, 1000, 4096, 65537, 1 << 20] {
+                let mut next = 0;
+                for q in 0..nqps {
+                    let (off, len) = qp_chunk(size, nqps, q);
+                    assert!(len == 0 || off == next, "size {size} nqps {nqps} q {q}");
+                    if len > 0 {
+                        assert_eq!(off % CHUNK_ALIGN, 0);
+                        next = off + len;
+                    }
+                }
+                assert_eq!(next, size, "size {size} nqps {nqps}");
+            }
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! RDMA device discovery: every ACTIVE port of every device (InfiniBand or RoCE), filtered by
+//! `NCCL_IB_HCA`, sorted by PCI path, with its GID chosen; one protection domain and one MR cache
+//! per device, shared by every comm on it.
+
+use super::mr::MrCache;
+use super::select::{self, GidEntry, HcaFilter};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::sys::ib::*;
+use crate::sys::verbs::{self, Verbs};
+use std::ffi::{c_int, CStr};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// One opened RDMA device.
+pub struct IbDevice {
+    pub name: String,
+    pub ctx: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub guid: u64,
+    pub max_qp: i32,
+    pub max_qp_wr: i32,
+    pub max_cqe: i32,
+    pub pci_path: Option<String>,
+    /// Registrations of NCCL buffers (`*mut ibv_mr` as usize).
+    pub mrs: Mutex<MrCache<usize>>,
+    /// Register with IBV_ACCESS_RELAXED_ORDERING (through ibv_reg_mr_iova2).
+    pub relaxed_ordering: bool,
+    /// Fatal asynchronous events seen (device, port, CQ or QP errors).
+    pub fatal_events: AtomicU32,
+    pub fatal_reason: Mutex<Option<String>>,
+}
+
+unsafe impl Send for IbDevice {}
+unsafe impl Sync for IbDevice {}
+
+impl IbDevice {
+    /// Fails once the device reported a fatal asynchronous event.
+    pub fn check_fatal(&self) -> Result<()> {
+        if self.fatal_events.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        let why = self.fatal_reason.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+        Err(Error::system(format!("{}: the device reported a fatal asynchronous event ({why}); its connections are unusable", self.name)))
+    }
+
+    /// Register `[addr, addr+len)` (already page aligned) with `access`.
+    pub fn register(&self, addr: usize, len: usize, access: i32) -> Result<*mut ibv_mr> {
+        let v = verbs::get().map_err(|e| Error::system(e.0))?;
+        let mr = match (self.relaxed_ordering, v.reg_mr_iova2) {
+            (true, Some(f)) => unsafe {
+                f(self.pd, addr as *mut _, len, addr as u64, (access | IBV_ACCESS_RELAXED_ORDERING as i32) as u32)
+            },
+            _ => unsafe { (v.reg_mr)(self.pd, addr as *mut _, len, access) },
+        };
+        if mr.is_null() {
+            return Err(Error::system(format!(
+                "{}: ibv_reg_mr of {len} bytes at {addr:#x} failed: {}{}",
+                self.name,
+                std::io::Error::last_os_error(),
+                memlock_hint()
+            )));
+        }
+        Ok(mr)
+    }
+}
+
+/// One usable port: what NCCL sees as a device.
+pub struct IbPort {
+    pub dev: Arc<IbDevice>,
+    pub port: u8,
+    pub link_layer: u8,
+    pub lid: u16,
+    pub mtu: u32,
+    pub speed: i32,
+    pub gid_index: u32,
+    pub gid: [u8; 16],
+    pub roce_version: Option<u32>,
+}
+
+impl IbPort {
+    pub fn is_roce(&self) -> bool {
+        self.link_layer == IBV_LINK_LAYER_ETHERNET as u8
+    }
+
+    /// "rxe0:1 RoCE v2 GID 1 (10.0.0.1)" or "mlx5_0:1 IB LID 3".
+    pub fn describe(&self) -> String {
+        if self.is_roce() {
+            format!(
+                "{}:{} RoCE{} GID {} ({})",
+                self.dev.name,
+                self.port,
+                self.roce_version.map(|v| format!(" v{v}")).unwrap_or_default(),
+                self.gid_index,
+                select::describe_gid(&self.gid)
+            )
+        } else {
+            format!("{}:{} IB LID {}", self.dev.name, self.port, self.lid)
+        }
+    }
+}
+
+pub fn mtu_bytes(m: u32) -> u32 {
+    match m {
+        1..=5 => 128 << m,
+        _ => 0,
+    }
+}
+
+/// A hint appended to registration failures when the memlock limit is the likely cause.
+pub fn memlock_hint() -> String {
+    match memlock_problem() {
+        Some(p) => format!(" ({p})"),
+        None => String::new(),
+    }
+}
+
+fn has_cap_ipc_lock() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << 14) != 0)
+}
+
+/// Why pinned registrations may fail: RLIMIT_MEMLOCK below 1 GiB without CAP_IPC_LOCK.
+pub fn memlock_problem() -> Option<String> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
+        return None;
+    }
+    if r.rlim_cur == libc::RLIM_INFINITY || r.rlim_cur >= 1 << 30 || has_cap_ipc_lock() {
+        return None;
+    }
+    Some(format!(
+        "RLIMIT_MEMLOCK is {} KiB, too low to register NCCL's buffers: run with `ulimit -l unlimited` (docker: --ulimit memlock=-1; systemd: LimitMEMLOCK=infinity; /etc/security/limits.conf: memlock unlimited)",
+        r.rlim_cur / 1024
+    ))
+}
+
+fn sysfs_gid_type(dev: &str, port: u8, index: u32) -> Option<u32> {
+    // Containers give EINVAL for some entries: that only means "unknown".
+    let s = std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/types/{index}")).ok()?;
+    let s = s.trim();
+    if s.contains("v2") {
+        Some(2)
+    } else if s.contains("v1") || s.starts_with("IB") {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+fn gid_table(v: &Verbs, ctx: *mut ibv_context, dev: &str, port: u8, len: i32) -> Vec<GidEntry> {
+    let mut out = Vec::new();
+    for i in 0..len.clamp(0, 1024) {
+        let mut gid = ibv_gid { raw: [0; 16] };
+        if unsafe { (v.query_gid)(ctx, port, i, &mut gid) } != 0 {
+            continue;
+        }
+        let raw = unsafe { gid.raw };
+        if raw == [0; 16] {
+            continue;
+        }
+        out.push(GidEntry { index: i as u32, gid: raw, roce_version: sysfs_gid_type(dev, port, i as u32) });
+    }
+    out
+}
+
+fn port_state_name(s: u32) -> &'static str {
+    match s {
+        IBV_PORT_DOWN => "DOWN",
+        IBV_PORT_INIT => "INIT",
+        IBV_PORT_ARMED => "ARMED",
+        IBV_PORT_ACTIVE => "ACTIVE",
+        IBV_PORT_ACTIVE_DEFER => "ACTIVE_DEFER",
+        _ => "NOP",
+    }
+}
+
+/// Open every device and keep its usable ports. `Err` says why there is none (rivet then falls
+/// back to TCP and logs the reason).
+pub fn discover(cfg: &Config) -> std::result::Result<Vec<IbPort>, String> {
+    let v = verbs::get().map_err(|e| e.0)?;
+    let mut n: c_int = 0;
+    let list = unsafe { (v.get_device_list)(&mut n) };
+    if list.is_null() || n <= 0 {
+        if !list.is_null() {
+            unsafe { (v.free_device_list)(list) };
+        }
+        return Err(format!(
+            "{} found no RDMA device (no HCA, or its kernel driver or rdma-core provider is missing: see `ibv_devices`)",
+            v.path
+        ));
+    }
+    let filter = cfg.ib_hca.as_deref().map(HcaFilter::parse);
+    let mut ports = Vec::new();
+    let mut notes = Vec::new();
+    for i in 0..n as usize {
+        let d = unsafe { *list.add(i) };
+        let name = unsafe { CStr::from_ptr((v.get_device_name)(d)) }.to_string_lossy().into_owned();
+        match open_device(v, cfg, d, &name, filter.as_ref(), &mut notes) {
+            Ok(mut p) => ports.append(&mut p),
+            Err(e) => notes.push(e),
+        }
+    }
+    unsafe { (v.free_device_list)(list) };
+    if ports.is_empty() {
+        return Err(format!("no usable RDMA port: {}", notes.join("; ")));
+    }
+    // Same order on every node: by PCI path, then name and port.
+    ports.sort_by(|a, b| {
+        (a.dev.pci_path.is_none(), &a.dev.pci_path, &a.dev.name, a.port).cmp(&(
+            b.dev.pci_path.is_none(),
+            &b.dev.pci_path,
+            &b.dev.name,
+            b.port,
+        ))
+    });
+    for n in notes {
+        log::info!("NET/rivet: {n}");
+    }
+    Ok(ports)
+}
+
+fn open_device(
+    v: &Verbs,
+    cfg: &Config,
+    d: *mut ibv_device,
+    name: &str,
+    filter: Option<&HcaFilter>,
+    notes: &mut Vec<String>,
+) -> std::result::Result<Vec<IbPort>, String> {
+    let ctx = unsafe { (v.open_device)(d) };
+    if ctx.is_null() {
+        return Err(format!("{name}: ibv_open_device failed: {}", std::io::Error::last_os_error()));
+    }
+    let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+    if unsafe { (v.query_device)(ctx, &mut attr) } != 0 {
+        unsafe { (v.close_device)(ctx) };
+        return Err(format!("{name}: ibv_query_device failed"));
+    }
+    let mut kept = Vec::new();
+    for port in 1..=attr.phys_port_cnt {
+        if filter.is_some_and(|f| !f.matches(name, port)) {
+            notes.push(format!("{name}:{port} skipped by NCCL_IB_HCA={}", cfg.ib_hca.as_deref().unwrap_or("")));
+            continue;
+        }
+        let mut pa: ibv_port_attr = unsafe { std::mem::zeroed() };
+        if unsafe { v.query_port(ctx, port, &mut pa) } != 0 {
+            notes.push(format!("{name}:{port}: ibv_query_port failed"));
+            continue;
+        }
+        if pa.state != IBV_PORT_ACTIVE {
+            notes.push(format!("{name}:{port} is {} (not ACTIVE)", port_state_name(pa.state)));
+            continue;
+        }
+        let ll = pa.link_layer;
+        if ll != IBV_LINK_LAYER_INFINIBAND as u8 && ll != IBV_LINK_LAYER_ETHERNET as u8 && ll != IBV_LINK_LAYER_UNSPECIFIED as u8 {
+            notes.push(format!("{name}:{port} has link layer {ll}, neither InfiniBand nor Ethernet"));
+            continue;
+        }
+        let roce = ll == IBV_LINK_LAYER_ETHERNET as u8;
+        let gids = gid_table(v, ctx, name, port, pa.gid_tbl_len);
+        let chosen = match (cfg.ib_gid_index, roce) {
+            (Some(i), _) => Some(i),
+            (None, true) => select::choose_gid(&gids, cfg.ib_addr_family, cfg.ib_addr_range, cfg.ib_roce_version),
+            (None, false) => Some(0),
+        };
+        let Some(gi) = chosen else {
+            notes.push(format!(
+                "{name}:{port}: no RoCE GID of family {} {}(set NCCL_IB_GID_INDEX, or give the interface an address)",
+                if cfg.ib_addr_family == libc::AF_INET6 { "AF_INET6" } else { "AF_INET" },
+                cfg.ib_addr_range.map(|(a, l)| format!("in {a}/{l} ")).unwrap_or_default()
+            ));
+            continue;
+        };
+        let e = gids.iter().find(|e| e.index == gi);
+        if roce && e.is_none() {
+            notes.push(format!("{name}:{port}: NCCL_IB_GID_INDEX={gi} is empty or unreadable on this port"));
+            continue;
+        }
+        kept.push((port, pa, gi, e.map(|e| e.gid).unwrap_or([0; 16]), e.and_then(|e| e.roce_version)));
+    }
+    if kept.is_empty() {
+        unsafe { (v.close_device)(ctx) };
+        return Ok(Vec::new());
+    }
+    let pd = unsafe { (v.alloc_pd)(ctx) };
+    if pd.is_null() {
+        unsafe { (v.close_device)(ctx) };
+        return Err(format!("{name}: ibv_alloc_pd failed: {}", std::io::Error::last_os_error()));
+    }
+    let pci_path = std::fs::canonicalize(format!("/sys/class/infiniband/{name}/device"))
+        .ok()
+        .map(|p| p.display().to_string())
+        .filter(|p| p.contains("/pci"));
+    let relaxed_ordering = match cfg.ib_relaxed_ordering {
+        0 => false,
+        _ => v.reg_mr_iova2.is_some(),
+    };
+    let dev = Arc::new(IbDevice {
+        name: name.to_string(),
+        ctx,
+        pd,
+        guid: u64::from_be(attr.sys_image_guid),
+        max_qp: attr.max_qp,
+        max_qp_wr: attr.max_qp_wr,
+        max_cqe: attr.max_cqe,
+        pci_path,
+        mrs: Mutex::new(MrCache::new(page_size())),
+        relaxed_ordering,
+        fatal_events: AtomicU32::new(0),
+        fatal_reason: Mutex::new(None),
+    });
+    Ok(kept
+        .into_iter()
+        .map(|(port, pa, gi, gid, rv)| IbPort {
+            dev: dev.clone(),
+            port,
+            link_layer: if pa.link_layer == IBV_LINK_LAYER_UNSPECIFIED as u8 { IBV_LINK_LAYER_INFINIBAND as u8 } else { pa.link_layer },
+            lid: pa.lid,
+            mtu: pa.active_mtu,
+            speed: select::port_speed_mbps(pa.active_speed, pa.active_width),
+            gid_index: gi,
+            gid,
+            roce_version: rv,
+        })
+        .collect())
+}
+
+pub fn page_size() -> usize {
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}

@@ -1,0 +1,359 @@
+//! The RDMA verbs transport (InfiniBand and RoCE): RC queue pairs, receiver-driven RDMA WRITE
+//! (see [`conn`]), a per-device MR cache ([`mr`]).
+//!
+//! Connection setup reuses the TCP machinery of the socket transport for the out-of-band link
+//! (one stream, the same hello / ack and handle magic), then exchanges one versioned,
+//! length-checked [`Meta`] each way and a one-byte "ready" from the sender. Both directions are
+//! non-blocking state machines driven by NCCL's repeated `connect` / `accept` calls.
+
+pub mod conn;
+pub mod dev;
+pub mod mr;
+pub mod res;
+pub mod select;
+
+use crate::config;
+use crate::error::{Error, Result};
+use crate::proto::verbs::{Cts, Meta, FIFO_DEPTH, MAX_QPS, META_SIZE, SIZES_ENTRY};
+use crate::sys::ib::*;
+use crate::transport::socket::sock::{self, Io};
+use crate::transport::socket::Link;
+use crate::transport::{Conn, MAX_RECVS};
+use conn::{Common, VerbsRecv, VerbsSend};
+use dev::{mtu_bytes, IbPort};
+use res::{Cq, PathParams, QpCaps, QpInit, QpRts, RegBuf, RemoteQp};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+const READY: u8 = 0x52;
+
+/// Local resources of a connection before its QPs are connected.
+enum Local {
+    Send { qps: Vec<QpInit>, cq: Cq, fifo: RegBuf, sizes_out: RegBuf },
+    Recv { qps: Vec<QpInit>, flush: Option<QpInit>, cq: Cq, cts_out: RegBuf, sizes_in: RegBuf, scratch: RegBuf },
+}
+
+enum Step {
+    /// Receiver: waiting for the sender's metadata before creating anything.
+    RecvMeta,
+    /// Sending our metadata (and, for the sender, receiving the peer's).
+    Exchange,
+    /// Sender: QPs connected, sending the ready byte.
+    SendReady,
+    /// Receiver: QPs connected, waiting for the ready byte.
+    WaitReady,
+}
+
+pub struct Setup {
+    port: &'static IbPort,
+    send: bool,
+    fd: Option<OwnedFd>,
+    peer: SocketAddr,
+    // Connected QPs drop before `local`, which holds their CQ.
+    connected: Option<(Vec<QpRts>, Option<QpRts>)>,
+    local: Option<Local>,
+    peer_meta: Option<Meta>,
+    out: [u8; META_SIZE],
+    sent: usize,
+    inb: [u8; META_SIZE],
+    got: usize,
+    step: Step,
+    nqps: usize,
+    tc: u8,
+    sl: u8,
+    deadline: Instant,
+    timeout: Duration,
+}
+
+unsafe impl Send for Setup {}
+
+fn fifo_bytes() -> usize {
+    FIFO_DEPTH * MAX_RECVS * std::mem::size_of::<Cts>()
+}
+
+fn caps(send_wr: u32, recv_wr: u32, inline: u32) -> QpCaps {
+    QpCaps { send_wr, recv_wr, send_sge: 1, inline }
+}
+
+impl Setup {
+    /// The sender's side, once the out-of-band link is up. `traffic_class` is the communicator's
+    /// (v11+), used when NCCL_IB_TC is unset.
+    pub fn connector(port: &'static IbPort, link: Link, traffic_class: Option<u8>) -> Result<Setup> {
+        let cfg = config::get();
+        let mut s = Setup::new(port, true, link, cfg.ib_qps);
+        s.tc = cfg.ib_tc.or(traffic_class).unwrap_or(0);
+        s.sl = cfg.ib_sl.unwrap_or(0);
+        s.create_local()?;
+        s.step = Step::Exchange;
+        Ok(s)
+    }
+
+    /// The receiver's side, once the out-of-band link is up.
+    pub fn acceptor(port: &'static IbPort, link: Link) -> Setup {
+        Setup::new(port, false, link, 0)
+    }
+
+    fn new(port: &'static IbPort, send: bool, mut link: Link, nqps: usize) -> Setup {
+        let timeout = config::get().timeout();
+        Setup {
+            port,
+            send,
+            fd: link.fds.drain(..).next(),
+            peer: link.peer,
+            local: None,
+            connected: None,
+            peer_meta: None,
+            out: [0; META_SIZE],
+            sent: 0,
+            inb: [0; META_SIZE],
+            got: 0,
+            step: Step::RecvMeta,
+            nqps,
+            tc: 0,
+            sl: 0,
+            deadline: Instant::now() + timeout,
+            timeout,
+        }
+    }
+
+    fn create_local(&mut self) -> Result<()> {
+        let p = self.port;
+        let dev = &p.dev;
+        let cfg = config::get();
+        let nq = self.nqps as u32;
+        let (local, fifo_addr, fifo_rkey, qpns) = if self.send {
+            let cq = Cq::new(dev, (nq * (conn::SEND_QP_SQ + 1)) as usize)?;
+            let qps = (0..nq)
+                .map(|_| QpInit::new(p, &cq, caps(conn::SEND_QP_SQ, 1, 256), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
+                .collect::<Result<Vec<_>>>()?;
+            let fifo = RegBuf::new(dev, fifo_bytes(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
+            let sizes_out = RegBuf::new(dev, FIFO_DEPTH * SIZES_ENTRY, 0)?;
+            let (a, k) = (fifo.addr(), fifo.mr.rkey());
+            let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
+            (Local::Send { qps, cq, fifo, sizes_out }, a, k, qpns)
+        } else {
+            let cq = Cq::new(dev, (nq * (conn::RECV_QP_SQ + conn::RECV_QP_RQ) + conn::FLUSH_QP_SQ + 1) as usize)?;
+            let qps = (0..nq)
+                .map(|_| QpInit::new(p, &cq, caps(conn::RECV_QP_SQ, conn::RECV_QP_RQ, 256), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
+                .collect::<Result<Vec<_>>>()?;
+            let flush = QpInit::new(
+                p,
+                &cq,
+                caps(conn::FLUSH_QP_SQ, 1, 0),
+                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
+                cfg.ib_pkey,
+            )?;
+            let cts_out = RegBuf::new(dev, fifo_bytes(), 0)?;
+            let sizes_in = RegBuf::new(dev, FIFO_DEPTH * SIZES_ENTRY, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
+            let scratch = RegBuf::new(dev, 64, IBV_ACCESS_LOCAL_WRITE)?;
+            let (a, k) = (sizes_in.addr(), sizes_in.mr.rkey());
+            let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
+            (Local::Recv { qps, flush: Some(flush), cq, cts_out, sizes_in, scratch }, a, k, qpns)
+        };
+        let m = Meta {
+            nqps: self.nqps as u8,
+            link_layer: p.link_layer,
+            port: p.port,
+            mtu: p.mtu as u8,
+            lid: p.lid,
+            tc: self.tc,
+            sl: self.sl,
+            gid: p.gid,
+            fifo_addr,
+            fifo_rkey,
+            dev_name: dev.name.clone(),
+            qpns,
+        };
+        self.out = m.encode();
+        self.local = Some(local);
+        Ok(())
+    }
+
+    fn fd(&self) -> i32 {
+        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+
+    fn read_meta(&mut self) -> Result<Option<Meta>> {
+        while self.got < META_SIZE {
+            let r = sock::recv_into(self.fd(), unsafe { self.inb.as_mut_ptr().add(self.got) }, META_SIZE - self.got);
+            match r {
+                Ok(Io::Done(n)) => self.got += n,
+                Ok(Io::WouldBlock) => return Ok(None),
+                Ok(Io::Closed) => {
+                    return Err(Error::remote(format!(
+                        "the peer {} closed the connection during RDMA setup (see its log for the reason)",
+                        self.peer
+                    )))
+                }
+                Err(e) => return Err(Error::remote(format!("RDMA setup with {} failed: {e}", self.peer))),
+            }
+        }
+        let m = Meta::decode(&self.inb).map_err(|e| Error::remote(format!("RDMA setup with {}: {e}", self.peer)))?;
+        let me = self.port;
+        if m.link_layer != me.link_layer {
+            return Err(Error::usage(format!(
+                "RDMA setup with {}: {} is {} but the peer's {} is {}: select ports of one link layer with NCCL_IB_HCA",
+                self.peer,
+                me.dev.name,
+                if me.is_roce() { "RoCE" } else { "InfiniBand" },
+                m.dev_name,
+                if m.link_layer == IBV_LINK_LAYER_ETHERNET as u8 { "RoCE" } else { "InfiniBand" }
+            )));
+        }
+        if self.send && m.nqps as usize != self.nqps {
+            return Err(Error::remote(format!(
+                "RDMA setup with {}: the peer created {} queue pairs, we asked for {}",
+                self.peer, m.nqps, self.nqps
+            )));
+        }
+        Ok(Some(m))
+    }
+
+    fn write_out(&mut self) -> Result<bool> {
+        while self.sent < META_SIZE {
+            match sock::send_small(self.fd.as_ref().unwrap(), &self.out[self.sent..]) {
+                Ok(Io::Done(n)) => self.sent += n,
+                Ok(_) => return Ok(false),
+                Err(e) => return Err(Error::remote(format!("RDMA setup with {} failed: {e}", self.peer))),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Connect our QPs to the peer's (INIT → RTR → RTS), and the flush QP to itself.
+    fn connect_qps(&mut self, m: &Meta) -> Result<()> {
+        let p = self.port;
+        let cfg = config::get();
+        let params = PathParams {
+            mtu: (p.mtu as u8).min(m.mtu) as u32,
+            tc: if self.send { self.tc } else { m.tc },
+            sl: if self.send { self.sl } else { m.sl },
+            timeout: cfg.ib_timeout,
+            retry_cnt: cfg.ib_retry_cnt,
+            rnr_retry: 7,
+        };
+        let (qps, flush) = match self.local.as_mut() {
+            Some(Local::Send { qps, .. }) => (std::mem::take(qps), None),
+            Some(Local::Recv { qps, flush, .. }) => (std::mem::take(qps), flush.take()),
+            None => return Err(Error::internal("RDMA setup: no local queue pairs")),
+        };
+        let mut rts = Vec::with_capacity(qps.len());
+        for (q, &qpn) in qps.into_iter().zip(m.qpns.iter()) {
+            let remote = RemoteQp { qpn, lid: m.lid, gid: m.gid, mtu: m.mtu as u32, global: p.is_roce() || m.lid == 0 };
+            rts.push(q.rtr(p, &remote, &params)?.rts(p, &params)?);
+        }
+        let flush = match flush {
+            Some(f) => {
+                let me = RemoteQp { qpn: f.qp().qpn(), lid: p.lid, gid: p.gid, mtu: p.mtu, global: p.is_roce() || p.lid == 0 };
+                let own = PathParams { mtu: p.mtu, ..params };
+                Some(f.rtr(p, &me, &own)?.rts(p, &own)?)
+            }
+            None => None,
+        };
+        self.connected = Some((rts, flush));
+        Ok(())
+    }
+
+    fn fail_if_late(&self) -> Result<()> {
+        if Instant::now() > self.deadline {
+            return Err(Error::system(format!(
+                "RDMA connection setup with {} did not complete within RIVET_TIMEOUT={}s (is the peer alive and calling {}?)",
+                self.peer,
+                self.timeout.as_secs(),
+                if self.send { "accept" } else { "connect" }
+            )));
+        }
+        Ok(())
+    }
+
+    /// Non-blocking: Some(comm) once the connection is ready for data.
+    pub fn poll(&mut self) -> Result<Option<Box<dyn Conn>>> {
+        loop {
+            match self.step {
+                Step::RecvMeta => {
+                    let Some(m) = self.read_meta()? else { return self.fail_if_late().map(|_| None) };
+                    if m.nqps as usize > MAX_QPS {
+                        return Err(Error::remote("too many queue pairs"));
+                    }
+                    self.nqps = m.nqps as usize;
+                    self.create_local()?;
+                    self.connect_qps(&m)?;
+                    self.peer_meta = Some(m);
+                    self.step = Step::Exchange;
+                }
+                Step::Exchange => {
+                    if !self.write_out()? {
+                        return self.fail_if_late().map(|_| None);
+                    }
+                    if self.send {
+                        let Some(m) = self.read_meta()? else { return self.fail_if_late().map(|_| None) };
+                        self.connect_qps(&m)?;
+                        self.peer_meta = Some(m);
+                        self.step = Step::SendReady;
+                    } else {
+                        self.step = Step::WaitReady;
+                    }
+                }
+                Step::SendReady => match sock::send_small(self.fd.as_ref().unwrap(), &[READY]) {
+                    Ok(Io::Done(_)) => return Ok(Some(self.finish())),
+                    Ok(_) => return self.fail_if_late().map(|_| None),
+                    Err(e) => return Err(Error::remote(format!("RDMA setup with {} failed: {e}", self.peer))),
+                },
+                Step::WaitReady => {
+                    let mut b = [0u8; 1];
+                    match sock::recv_into(self.fd(), b.as_mut_ptr(), 1) {
+                        Ok(Io::Done(_)) if b[0] == READY => return Ok(Some(self.finish())),
+                        Ok(Io::Done(_)) => return Err(Error::remote(format!("RDMA setup with {}: bad ready byte", self.peer))),
+                        Ok(Io::WouldBlock) => return self.fail_if_late().map(|_| None),
+                        Ok(Io::Closed) => {
+                            return Err(Error::remote(format!(
+                                "the peer {} closed the connection during RDMA setup (see its log for the reason)",
+                                self.peer
+                            )))
+                        }
+                        Err(e) => return Err(Error::remote(format!("RDMA setup with {} failed: {e}", self.peer))),
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Box<dyn Conn> {
+        let p = self.port;
+        let m = self.peer_meta.take().unwrap();
+        let (qps, flush) = self.connected.take().unwrap();
+        let fd = self.fd.take().unwrap();
+        let cfg = config::get();
+        let mtu = mtu_bytes((p.mtu as u8).min(m.mtu) as u32);
+        log::info!(
+            "NET/rivet: {} {} over {} -> {} {}:{} with {} QP(s), MTU {mtu}, TC {}, SL {}",
+            if self.send { "connected to" } else { "accepted from" },
+            self.peer,
+            p.describe(),
+            m.dev_name,
+            select::describe_gid(&m.gid),
+            m.port,
+            qps.len(),
+            if self.send { self.tc } else { m.tc },
+            if self.send { self.sl } else { m.sl }
+        );
+        let c = Common::new(p, self.peer, fd);
+        match self.local.take().unwrap() {
+            Local::Send { cq, fifo, sizes_out, .. } => {
+                Box::new(VerbsSend::new(c, qps, cq, fifo, sizes_out, (m.fifo_addr, m.fifo_rkey)))
+            }
+            Local::Recv { cq, cts_out, sizes_in, scratch, .. } => Box::new(VerbsRecv::new(
+                c,
+                qps,
+                flush.unwrap(),
+                cq,
+                cts_out,
+                sizes_in,
+                scratch,
+                (m.fifo_addr, m.fifo_rkey),
+                cfg.gdr_flush_disable,
+            )),
+        }
+    }
+}
