@@ -8,6 +8,7 @@
  * Build: cc -std=gnu11 -O2 -Wall -Wextra -Werror nccl-tests/conformance.c -o conformance -ldl
  * Usage: conformance --lib PATH_OR_SONAME --api N [--case NAME|all] [--dev D] [--dev2 D] [-v]
  *        --dev2: device of the odd ranks (default: --dev), e.g. rxe0 <-> rxe1 over a wire.
+ *        --case badrkey is not part of "all": it needs the RDMA verbs transport (a stale rkey).
  * Exit:  0 all selected cases passed, 1 a case failed, 2 usage error.
  */
 #include <dirent.h>
@@ -58,20 +59,54 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Copies of this process's last WARN messages (the plugin's own text, without our prefix), so a
+ * case can check what the plugin said.  Written under the stderr lock, which the logger holds. */
+#define NWARN    8
+#define WARN_LEN 1024
+static char g_warns[NWARN][WARN_LEN];
+static unsigned g_nwarns; /* total WARNs seen; g_warns[(g_nwarns - 1) % NWARN] is the latest */
+
 static void logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                    const char* fmt, ...) {
   static const char* names[] = {"NONE", "VERSION", "WARN", "INFO", "ABORT", "TRACE"};
   if (!g_verbose && level != NCCL_LOG_WARN) return;
   const char* lv = ((unsigned)level < 6) ? names[level] : "?";
+  char msg[4096];
   va_list ap;
   va_start(ap, fmt);
-  flockfile(stderr);
-  fprintf(stderr, "[pid %d] plugin %s (flags 0x%lx) %s:%d ", (int)getpid(), lv, flags,
-          file ? file : "?", line);
-  vfprintf(stderr, fmt ? fmt : "", ap);
-  fputc('\n', stderr);
-  funlockfile(stderr);
+  vsnprintf(msg, sizeof msg, fmt ? fmt : "", ap);
   va_end(ap);
+  flockfile(stderr);
+  if (level == NCCL_LOG_WARN) {
+    snprintf(g_warns[g_nwarns % NWARN], WARN_LEN, "%.*s", WARN_LEN - 1, msg);
+    g_nwarns++;
+  }
+  fprintf(stderr, "[pid %d] plugin %s (flags 0x%lx) %s:%d %s\n", (int)getpid(), lv, flags,
+          file ? file : "?", line, msg);
+  funlockfile(stderr);
+}
+
+/* The latest kept WARN message containing both `a` and `b` (into out), or -1. */
+static int warn_find(const char* a, const char* b, char* out, size_t ol) {
+  int found = -1;
+  flockfile(stderr);
+  unsigned n = g_nwarns < NWARN ? g_nwarns : NWARN;
+  for (unsigned i = 0; i < n && found < 0; i++) {
+    const char* m = g_warns[(g_nwarns - 1 - i) % NWARN];
+    if (strstr(m, a) && strstr(m, b)) {
+      snprintf(out, ol, "%s", m);
+      found = 0;
+    }
+  }
+  funlockfile(stderr);
+  return found;
+}
+
+/* The latest kept WARN message, or "" (into out). */
+static void warn_last(char* out, size_t ol) {
+  flockfile(stderr);
+  snprintf(out, ol, "%s", g_nwarns ? g_warns[(g_nwarns - 1) % NWARN] : "");
+  funlockfile(stderr);
 }
 
 /* Deterministic byte pattern: depends on seed and index, not periodic. */
@@ -1503,6 +1538,107 @@ static int child_badargs(Child* c, void* arg) {
   return 0;
 }
 
+/* ---- badrkey (RDMA verbs only; not in "all") -------------------------- */
+/* Rank 1 posts a 1 MiB receive and deregisters its buffer right away, so the rkey in the
+ * clear-to-send the plugin already wrote is stale; rank 0's RDMA WRITE must then fail with
+ * ncclRemoteError and a WARN naming REM_ACCESS_ERR and the rkey.  Over TCP (no rkeys) the
+ * transfer simply succeeds, which this case reports as a failure. */
+#define BADRKEY_SIZE   MiB
+#define BADRKEY_TAG    1
+#define BADRKEY_SEND_S 20.0
+#define BADRKEY_RECV_S 15.0
+
+static int badrkey_receiver(Child* c, Conn* k) {
+  char err[200];
+  Buf rb;
+  if (buf_get(c, k->rc, BADRKEY_SIZE, &rb)) return 1;
+  memset(rb.p, 0x3C, rb.len);
+  Op op;
+  op_recv(&op, k->rc, &rb, BADRKEY_SIZE, BADRKEY_TAG);
+  double end = now_s() + 10;
+  int pr;
+  while ((pr = op_post(c, &op, err, sizeof err)) == 0 && now_s() < end) usleep(100);
+  if (pr < 0) FAIL(c, "%s", err);
+  if (pr == 0) FAIL(c, "irecv returned a NULL request for 10 s (%d retries)", op.retries);
+  ncclResult_t r = c->net.deregMr(k->rc, rb.mh); /* the clear-to-send's rkey goes stale */
+  if (r != ncclSuccess) FAIL(c, "deregMr of the posted receive's handle returned %d", r);
+  rb.mh = NULL;
+  if (child_barrier(c)) FAIL(c, "barrier (go-ahead to the sender) failed");
+  /* Either outcome is fine here; the receiver must just neither hang nor crash. */
+  double t0 = now_s();
+  int t = 0;
+  while ((t = op_test(c, &op, err, sizeof err)) == 0 && now_s() < t0 + BADRKEY_RECV_S) usleep(100);
+  double dt = now_s() - t0;
+  if (child_barrier(c)) FAIL(c, "barrier (sender done) failed");
+  conn_close(c, k); /* close and finalize results after a failed request are not judged */
+  child_finalize(c);
+  free(rb.p);
+  if (t < 0) child_detail(c, "recv -> %d after %.2f s", (int)op.err, dt);
+  else if (t > 0) child_detail(c, "recv completed without error (%d bytes) after %.2f s", op.got[0], dt);
+  else child_detail(c, "recv: no error within %.0f s", BADRKEY_RECV_S);
+  return 0;
+}
+
+static int badrkey_sender(Child* c, Conn* k) {
+  char err[200], warn[WARN_LEN];
+  char why[WARN_LEN + 512]; /* whole on stderr; the parent's detail keeps DETAIL_LEN of it */
+  Props p;
+  const char* dname = net_props(&c->net, c->dev, &p) == ncclSuccess && p.name ? p.name : "?";
+  Buf sb;
+  if (buf_get(c, k->sc, BADRKEY_SIZE, &sb)) return 1;
+  fill(sb.p, BADRKEY_SIZE, seed3(1, 0, 12));
+  if (child_barrier(c)) FAIL(c, "barrier (go-ahead from the receiver) failed");
+  Op op;
+  op_send(&op, k->sc, &sb, BADRKEY_SIZE, BADRKEY_TAG);
+  double t0 = now_s(), end = t0 + BADRKEY_SEND_S;
+  int pr, t = 0, r = 0;
+  const char* call = "isend";
+  while ((pr = op_post(c, &op, err, sizeof err)) == 0 && now_s() < end) usleep(100);
+  if (pr < 0) {
+    r = (int)op.err;
+  } else if (pr > 0) {
+    call = "test";
+    while ((t = op_test(c, &op, err, sizeof err)) == 0 && now_s() < end) usleep(100);
+    if (t < 0) r = (int)op.err;
+  }
+  double dt = now_s() - t0;
+  why[0] = 0;
+  if (pr == 0)
+    snprintf(why, sizeof why, "isend returned a NULL request for %.0f s (%d retries)", BADRKEY_SEND_S,
+             op.retries);
+  else if (t > 0)
+    snprintf(why, sizeof why,
+             "the send to a stale rkey completed without error after %.2f s (dev %d '%s'): badrkey "
+             "needs the RDMA verbs transport; over TCP there are no rkeys", dt, c->dev, dname);
+  else if (r == 0)
+    snprintf(why, sizeof why, "send still pending after %.0f s, expected ncclRemoteError (6)",
+             BADRKEY_SEND_S);
+  else if (r != ncclRemoteError) {
+    warn_last(warn, sizeof warn);
+    snprintf(why, sizeof why, "%s -> %d after %.2f s, expected ncclRemoteError (6); last WARN: %s",
+             call, r, dt, warn[0] ? warn : "(none)");
+  } else if (warn_find("REM_ACCESS_ERR", "rkey", warn, sizeof warn) != 0) {
+    warn_last(warn, sizeof warn);
+    snprintf(why, sizeof why, "%s -> 6 but no WARN names both REM_ACCESS_ERR and rkey; last: %s",
+             call, warn[0] ? warn : "(none)");
+  }
+  if (child_barrier(c)) FAIL(c, "barrier (sender done) failed%s%s", why[0] ? "; " : "", why);
+  buf_put(c, &sb); /* deregMr, close and finalize results after a failed request are not judged */
+  conn_close(c, k);
+  child_finalize(c);
+  if (why[0]) FAIL(c, "%s", why);
+  child_detail(c, "%s -> 6 after %.2f s, WARN names REM_ACCESS_ERR", call, dt);
+  return 0;
+}
+
+static int child_badrkey(Child* c, void* arg) {
+  (void)arg;
+  Conn k;
+  if (child_open(c) || ring_setup(c, &k)) return 1;
+  /* ring of 2: rank 0's send comm reaches rank 1's recv comm */
+  return c->rank == 0 ? badrkey_sender(c, &k) : badrkey_receiver(c, &k);
+}
+
 /* ===================================================================== */
 /* Case wrappers and main                                                */
 /* ===================================================================== */
@@ -1533,25 +1669,32 @@ static int case_optional(const Opts* o, char* d, size_t dl) {
   return spawn(o, 2, child_optional, NULL, 60, d, dl);
 }
 static int case_badargs(const Opts* o, char* d, size_t dl) { return spawn(o, 1, child_badargs, NULL, 60, d, dl); }
+static int case_badrkey(const Opts* o, char* d, size_t dl) { return spawn(o, 2, child_badrkey, NULL, 90, d, dl); }
 
 static const struct {
   const char* name;
   int (*fn)(const Opts*, char*, size_t);
+  int named_only; /* not part of "all": runs only with --case NAME */
 } cases[] = {
-  {"props", case_props},       {"sizes", case_sizes},
-  {"bigrecv", case_bigrecv},   {"outstanding", case_outstanding},
-  {"group", case_group},       {"ring", case_ring},
-  {"closeinflight", case_closeinflight},
-  {"reuse", case_reuse},       {"mismatch", case_mismatch},
-  {"kill", case_kill},         {"reload", case_reload},
-  {"optional", case_optional}, {"badargs", case_badargs},
+  {"props", case_props, 0},       {"sizes", case_sizes, 0},
+  {"bigrecv", case_bigrecv, 0},   {"outstanding", case_outstanding, 0},
+  {"group", case_group, 0},       {"ring", case_ring, 0},
+  {"closeinflight", case_closeinflight, 0},
+  {"reuse", case_reuse, 0},       {"mismatch", case_mismatch, 0},
+  {"kill", case_kill, 0},         {"reload", case_reload, 0},
+  {"optional", case_optional, 0}, {"badargs", case_badargs, 0},
+  {"badrkey", case_badrkey, 1}, /* RDMA verbs transport only */
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
 static void usage(void) {
   fprintf(stderr, "usage: conformance --lib PATH_OR_SONAME --api N(6..12) [--case NAME|all] [--dev D] [--dev2 D] [-v]\ncases:");
-  for (int i = 0; i < NCASES; i++) fprintf(stderr, " %s", cases[i].name);
-  fprintf(stderr, "\n");
+  for (int i = 0; i < NCASES; i++)
+    if (!cases[i].named_only) fprintf(stderr, " %s", cases[i].name);
+  fprintf(stderr, "\nnot in 'all' (they need the RDMA verbs transport; run with --case NAME):");
+  for (int i = 0; i < NCASES; i++)
+    if (cases[i].named_only) fprintf(stderr, " %s", cases[i].name);
+  fprintf(stderr, "\n  badrkey: a send to a stale rkey must fail with ncclRemoteError and a WARN naming it\n");
 }
 
 static int parse_int(const char* s, int* out) {
@@ -1594,6 +1737,7 @@ int main(int argc, char** argv) {
   int failed = 0;
   for (int i = 0; i < NCASES; i++) {
     if (sel >= 0 && i != sel) continue;
+    if (sel < 0 && cases[i].named_only) continue;
     char detail[2048];
     detail[0] = 0;
     double t0 = now_s();

@@ -64,19 +64,34 @@ pub fn pair(ctx: &Ctx, h: &mut [u8; 128], lc: *mut c_void) -> (*mut c_void, *mut
     (sc, rc)
 }
 
-pub fn isend(sc: *mut c_void, buf: &[u8], tag: i32) -> *mut c_void {
-    let deadline = Instant::now() + Duration::from_secs(10);
+/// Register `len` bytes at `p` on `comm` as NCCL does before using a buffer (the RDMA transport
+/// needs the keys). The handle is kept for the life of the test process, like NCCL's buffers.
+pub fn reg(comm: *mut c_void, p: *const u8, len: usize) -> *mut c_void {
+    let mut mh = std::ptr::null_mut();
+    let r = unsafe { t().regMr.unwrap()(comm, p as *mut c_void, len, NCCL_PTR_HOST, &mut mh) };
+    assert_eq!(r, 0, "regMr failed");
+    mh
+}
+
+/// One isend attempt after another until a request comes back or `wait` passes (then NULL:
+/// the transport is applying back-pressure, e.g. no receive posted yet).
+pub fn try_isend(sc: *mut c_void, buf: &[u8], tag: i32, wait: Duration) -> *mut c_void {
+    let mh = reg(sc, buf.as_ptr(), buf.len());
+    let deadline = Instant::now() + wait;
     loop {
         let mut req = std::ptr::null_mut();
-        let r = unsafe {
-            t().isend.unwrap()(sc, buf.as_ptr() as *mut c_void, buf.len(), tag, std::ptr::null_mut(), std::ptr::null_mut(), &mut req)
-        };
+        let r = unsafe { t().isend.unwrap()(sc, buf.as_ptr() as *mut c_void, buf.len(), tag, mh, std::ptr::null_mut(), &mut req) };
         assert_eq!(r, 0, "isend failed");
-        if !req.is_null() {
+        if !req.is_null() || Instant::now() >= deadline {
             return req;
         }
-        assert!(Instant::now() < deadline);
     }
+}
+
+pub fn isend(sc: *mut c_void, buf: &[u8], tag: i32) -> *mut c_void {
+    let req = try_isend(sc, buf, tag, Duration::from_secs(10));
+    assert!(!req.is_null(), "isend stayed back-pressured for 10 s");
+    req
 }
 
 pub fn irecv(rc: *mut c_void, buf: &mut [u8], tag: i32) -> *mut c_void {
@@ -86,7 +101,7 @@ pub fn irecv(rc: *mut c_void, buf: &mut [u8], tag: i32) -> *mut c_void {
         let mut data = buf.as_mut_ptr() as *mut c_void;
         let mut size = buf.len();
         let mut tg = tag;
-        let mut mh = std::ptr::null_mut();
+        let mut mh = reg(rc, buf.as_ptr(), buf.len());
         let r = unsafe {
             t().irecv.unwrap()(rc, 1, &mut data, &mut size, &mut tg, &mut mh, std::ptr::null_mut(), &mut req)
         };

@@ -1,0 +1,38 @@
+#!/bin/bash
+# rivet over real verbs traffic: boots the Soft-RoCE VM (ci/vm/) and runs ci/vm/guest/verbs-tests.sh
+# in it against this tree's release build: the conformance driver for every ABI version over
+# rxe0<->rxe1 (across the veth pair) and rxe0<->rxe0 (loopback), the stale-rkey fault, the fault
+# tests, and `rivet allreduce -n 4`. Exit status: the number of failed steps (0 = all passed).
+#
+# Needs: the release build (ci/test.sh does it), cc, and qemu-system-x86 (installed here with
+# apt-get when missing). The VM image is built from Debian's packages on first use and cached in
+# $RIVET_VM_CACHE (default /var/cache/rivet-vm).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v qemu-system-x86_64 >/dev/null; then
+  echo "vm-test: installing qemu-system-x86"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-system-x86 >/dev/null
+fi
+share=target/vm/share
+rm -rf "$share" && mkdir -p "$share"
+cargo build --release --quiet
+faults=$(cargo test --release --test faults --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "faults" and m.get("executable"):
+        print(m["executable"])')
+cp target/release/libnccl_net_rivet.so "$share/libnccl-net-rivet.so"
+cp target/release/rivet "$faults" "$share/"
+mv "$share/$(basename "$faults")" "$share/faults"
+cc -std=gnu11 -O2 -Wall -Wextra -Werror nccl-tests/conformance.c -o "$share/conformance" -ldl
+cp ci/vm/guest/verbs-tests.sh "$share/"
+log=target/vm/verbs-tests.log
+rc=0
+ci/vm/run-vm.sh --share "$share" --timeout "${RIVET_VM_TIMEOUT:-1800}" /mnt/host/verbs-tests.sh > "$log" 2>&1 || rc=$?
+grep -E '^VERBS |^=== summary|VERBS_FAILED|RXE_RESULT|run-vm:' "$log" | grep -v '^run-vm: qemu' || true
+if [ "$rc" != 0 ]; then
+  echo "vm-test: FAILED (exit $rc); the VM's console log ($log) follows"
+  cat "$log"
+fi
+exit "$rc"

@@ -1,0 +1,43 @@
+#!/bin/sh
+# rivet over RDMA verbs, inside the Soft-RoCE guest (busybox sh). Run by ci/vm-test.sh, which puts
+# the plugin, the conformance driver, the rivet CLI and the fault-test binary in the share
+# (/mnt/host). Prints one "VERBS name PASS|FAIL (seconds)" line per step and exits with the
+# number of failed steps.
+cd /mnt/host || exit 2
+export RIVET_TIMEOUT=10
+LIB=/mnt/host/libnccl-net-rivet.so
+failed=0
+results=
+step() { # step NAME COMMAND...
+  _name=$1; shift
+  read -r _t0 _ < /proc/uptime
+  echo "=== $_name: $*"
+  "$@" > /tmp/step.log 2>&1; _rc=$?
+  read -r _t1 _ < /proc/uptime
+  _dt=$(awk "BEGIN { printf \"%.1f\", $_t1 - $_t0 }")
+  if [ $_rc = 0 ]; then _v=PASS; else _v="FAIL rc=$_rc"; failed=$((failed + 1)); fi
+  # Passing steps show their summary lines; failing ones their whole log.
+  if [ $_rc = 0 ]; then grep -E '^(PASS|SKIP|test |#|rivet)' /tmp/step.log | grep -v '^test .* ok$' | tail -40
+  else cat /tmp/step.log; fi
+  echo "VERBS $_name $_v (${_dt}s)"
+  results="$results
+VERBS $_name $_v (${_dt}s)"
+}
+
+step devices ./rivet info --lib $LIB
+for api in 12 11 10 9 8 7 6; do
+  step "conformance-v$api-rxe0-rxe1" ./conformance --lib $LIB --api $api --dev 0 --dev2 1
+  step "conformance-v$api-rxe0-rxe0" ./conformance --lib $LIB --api $api --dev 0 --dev2 0
+done
+if [ -n "${RIVET_VM_BADRKEY:-1}" ] && grep -q badrkey ./conformance 2>/dev/null; then
+  step badrkey ./conformance --lib $LIB --api 12 --dev 0 --dev2 1 --case badrkey
+fi
+# The Rust fault tests whose subject is the same on both transports (the out-of-band listener,
+# closing with requests in flight, configuration warnings), here over verbs.
+step faults ./faults --test-threads=1 \
+  garbage_from_a_foreign_client wrong_magic truncated_handshake silent_client \
+  closing_with_requests_in_flight an_invalid_setting
+step allreduce ./rivet allreduce -n 4 --lib $LIB -b 8 -e 4M -f 8 --iters 3 --warmup 1
+echo "=== summary$results"
+echo "VERBS_FAILED=$failed"
+exit $failed
