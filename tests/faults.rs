@@ -219,3 +219,48 @@ fn no_matching_interface_fails_init_with_advice() {
     assert!(ok, "child failed:\n{err}");
     assert!(err.contains("no usable network interface matches NCCL_SOCKET_IFNAME==nosuchif0"), "{err}");
 }
+
+#[test]
+fn without_libibverbs_the_plugin_runs_over_tcp_and_says_why() {
+    let name = "without_libibverbs_the_plugin_runs_over_tcp_and_says_why";
+    let Some((ok, err)) = in_child(name, &[("NCCL_DEBUG", "INFO"), ("RIVET_IBVERBS_LIB", "libibverbs-absent.so.1")]) else {
+        let ctx = init();
+        let (mut h, lc) = listen(&ctx);
+        let (sc, rc) = pair(&ctx, &mut h, lc);
+        roundtrip(sc, rc, 1 << 20);
+        close(sc, rc, lc);
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    assert!(err.contains("transport TCP (RDMA not used: cannot load libibverbs-absent.so.1"), "{err}");
+    assert!(err.contains("RIVET_IBVERBS_LIB"), "the reason must say how to fix it: {err}");
+}
+
+/// The real thing: libibverbs.so.1 made unloadable for one process with a private mount
+/// namespace (needs root and util-linux's unshare; skipped, with a note, where either or
+/// libibverbs itself is absent, e.g. a CI machine without rdma-core: the test above covers that).
+#[test]
+fn libibverbs_hidden_in_a_mount_namespace_falls_back_to_tcp() {
+    let name = "libibverbs_hidden_in_a_mount_namespace_falls_back_to_tcp";
+    let lib = ["/usr/lib/x86_64-linux-gnu/libibverbs.so.1", "/usr/lib64/libibverbs.so.1", "/usr/lib/libibverbs.so.1"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    let root = unsafe { libc::geteuid() } == 0;
+    let unshare = std::process::Command::new("unshare").arg("--version").output().is_ok_and(|o| o.status.success());
+    if std::env::var("RIVET_TEST_CHILD").as_deref() != Ok(name) && !(root && unshare && lib.is_some()) {
+        eprintln!("skipped: needs root, unshare and an installed libibverbs (root {root}, unshare {unshare}, lib {lib:?})");
+        return;
+    }
+    let script = format!("mount --bind /dev/null {} && exec \"$0\" \"$@\"", lib.unwrap_or(""));
+    let wrapper = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script.as_str()];
+    let Some((ok, err)) = in_child_via(&wrapper, name, &[("NCCL_DEBUG", "INFO")]) else {
+        let ctx = init();
+        let (mut h, lc) = listen(&ctx);
+        let (sc, rc) = pair(&ctx, &mut h, lc);
+        roundtrip(sc, rc, 1 << 20);
+        close(sc, rc, lc);
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    assert!(err.contains("transport TCP (RDMA not used: cannot load libibverbs.so.1"), "{err}");
+}

@@ -161,11 +161,24 @@ pub fn open_fds() -> usize {
 /// Run the test named `name` again in a child process with `env`, and return (success, stderr).
 /// Inside the child (`RIVET_TEST_CHILD` = name) it returns None and the caller runs the scenario.
 pub fn in_child(name: &str, env: &[(&str, &str)]) -> Option<(bool, String)> {
+    in_child_via(&[], name, env)
+}
+
+/// As [`in_child`], with the child started through `wrapper` (e.g. `unshare --mount sh -c ...`,
+/// which receives the test executable and its arguments as "$0" "$@").
+pub fn in_child_via(wrapper: &[&str], name: &str, env: &[(&str, &str)]) -> Option<(bool, String)> {
     if std::env::var("RIVET_TEST_CHILD").as_deref() == Ok(name) {
         return None;
     }
     let exe = std::env::current_exe().unwrap();
-    let mut c = Command::new(exe);
+    let mut c = match wrapper.split_first() {
+        Some((w, rest)) => {
+            let mut c = Command::new(w);
+            c.args(rest).arg(&exe);
+            c
+        }
+        None => Command::new(exe),
+    };
     c.args([name, "--exact", "--nocapture", "--test-threads=1"]);
     c.env("RIVET_TEST_CHILD", name).env("NCCL_SOCKET_IFNAME", "lo");
     for (k, v) in env {
