@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v qemu-system-x86_64 >/dev/null; then
   echo "vm-test: installing qemu-system-x86"
+  apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-system-x86 >/dev/null
 fi
 share=target/vm/share

@@ -77,9 +77,9 @@ fn expected(n: usize, i: usize) -> f32 {
     ((n * (n + 1) / 2) * (1 + i % 251)) as f32
 }
 
-pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, a: &mut Args) -> Res<u64> {
+pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: &mut Args) -> Res<u64> {
     let o = check_args(a)?;
-    let r = Ring::join(lib, rank, nranks)?;
+    let r = Ring::join(lib, rank, nranks, devs)?;
     let maxcount = o.max / 4;
     let mut b = Bufs {
         data: vec![0f32; maxcount.max(nranks)],

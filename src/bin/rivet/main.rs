@@ -47,18 +47,28 @@ pub fn parse_size(s: &str) -> Res<usize> {
 /// process starts, and the library this launcher resolved.
 fn peer_args(a: &mut Args, check: impl Fn(&mut Args) -> Res<()>) -> Res<Vec<String>> {
     let lib = net::find_library(a.opt(&["--lib"]).as_deref())?;
+    let dev = a.opt(&["--dev"]).unwrap_or_else(|| "0".into());
+    parse_devs(&dev)?;
     check(&mut Args { rest: a.rest.clone() })?;
     let mut args = a.rest.clone();
-    args.extend(["--lib".to_string(), lib.display().to_string()]);
+    args.extend(["--lib".to_string(), lib.display().to_string(), "--dev".to_string(), dev]);
     Ok(args)
+}
+
+/// `--dev 0` or `--dev 0,1`: rank r uses the (r mod n)-th device of the list.
+fn parse_devs(s: &str) -> Res<Vec<i32>> {
+    s.split(',')
+        .map(|d| d.trim().parse::<i32>().ok().filter(|&d| d >= 0).ok_or_else(|| format!("bad --dev '{s}' (examples: 0, or 0,1)")))
+        .collect()
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage:\n  rivet perf [--sizes 64K,1M,16M,256M] [--window 8] [--bytes 1G] [--lat-iters 2000] [--lib PATH]\n  \
-         rivet allreduce -n NPROCS [-b 8] [-e 32M] [-f 4] [--iters 20] [--warmup 5] [--lib PATH]\n  \
+        "usage:\n  rivet perf [--sizes 64K,1M,16M,256M] [--window 8] [--bytes 1G] [--lat-iters 2000] [--dev 0[,1]] [--lib PATH]\n  \
+         rivet allreduce -n NPROCS [-b 8] [-e 32M] [-f 4] [--iters 20] [--warmup 5] [--dev 0[,1]] [--lib PATH]\n  \
          rivet info [--lib PATH]     devices and properties as NCCL sees them\n  \
          rivet config                every environment variable rivet reads, with its value\n\
+         --dev: the device of each rank (rank r uses the (r mod n)-th of the list; default 0).\n\
          The plugin is --lib PATH, $RIVET_LIB, or libnccl-net-rivet.so next to this executable."
     );
     std::process::exit(2)
@@ -77,9 +87,10 @@ fn run() -> Res<i32> {
         let nranks: usize = argv.remove(0).parse().map_err(|_| "bad nranks")?;
         let mut a = Args { rest: argv };
         let lib = net::find_library(a.opt(&["--lib"]).as_deref())?;
+        let devs = parse_devs(&a.opt(&["--dev"]).unwrap_or_else(|| "0".into()))?;
         let wrong = match mode.as_str() {
-            "perf" => perf::peer(&lib, rank, nranks, &mut a)?,
-            "allreduce" => allreduce::peer(&lib, rank, nranks, &mut a)?,
+            "perf" => perf::peer(&lib, rank, nranks, &devs, &mut a)?,
+            "allreduce" => allreduce::peer(&lib, rank, nranks, &devs, &mut a)?,
             m => return Err(format!("unknown peer mode {m}")),
         };
         println!("DONE wrong={wrong}");

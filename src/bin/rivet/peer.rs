@@ -104,22 +104,33 @@ pub struct Ring {
     pub send: *mut std::ffi::c_void,
     pub recv: *mut std::ffi::c_void,
     listen: *mut std::ffi::c_void,
+    /// The device this rank uses.
+    pub dev: i32,
+    /// The transport the plugin chose ("TCP" or "RDMA verbs"), from the listen handle.
+    pub transport: &'static str,
 }
 
 impl Ring {
-    pub fn join(lib: &std::path::Path, rank: usize, nranks: usize) -> Res<Ring> {
+    /// Join as `rank`, using device `devs[rank % devs.len()]`.
+    pub fn join(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32]) -> Res<Ring> {
         let net = Net::load(lib)?;
-        if net.ndev()? < 1 {
-            return Err("the plugin reports no devices".into());
+        let ndev = net.ndev()?;
+        let dev = devs.get(rank % devs.len().max(1)).copied().unwrap_or(0);
+        if dev >= ndev {
+            return Err(format!("device {dev} does not exist: the plugin reports {ndev} device(s) (see `rivet info`)"));
         }
-        let (h, lc) = net.listen(0)?;
+        let (h, lc) = net.listen(dev)?;
+        let transport = match nccl_net_rivet::proto::Handle::decode(&h).map(|h| h.transport) {
+            Ok(nccl_net_rivet::proto::TRANSPORT_VERBS) => "RDMA verbs",
+            _ => "TCP",
+        };
         println!("HANDLE {}", hex(&h));
         std::io::stdout().flush().map_err(|e| e.to_string())?;
         let mut line = String::new();
         std::io::stdin().read_line(&mut line).map_err(|e| e.to_string())?;
         let mut peer = unhex(line.strip_prefix("PEER ").ok_or("launcher protocol error")?)?;
-        let (send, recv) = net.connect_accept(0, &mut peer, lc)?;
-        Ok(Ring { net, rank, nranks, send, recv, listen: lc })
+        let (send, recv) = net.connect_accept(dev, &mut peer, lc)?;
+        Ok(Ring { net, rank, nranks, send, recv, listen: lc, dev, transport })
     }
 
     pub fn out(&self, s: &str) {

@@ -32,9 +32,9 @@ pub fn check_args(a: &mut Args) -> Res<Opts> {
     Ok(Opts { sizes, window, bytes, lat_iters })
 }
 
-pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, a: &mut Args) -> Res<u64> {
+pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: &mut Args) -> Res<u64> {
     let o = check_args(a)?;
-    let r = Ring::join(lib, rank, nranks)?;
+    let r = Ring::join(lib, rank, nranks, devs)?;
     let net = &r.net;
     let max = o.sizes.iter().copied().max().unwrap_or(8).max(8);
     // Real pages with data (a zero-filled allocation would be lazily mapped to the zero page).
@@ -44,14 +44,20 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, a: &mut Args) -> 
     let mh_r = net.reg(r.recv, &mut buf)?;
     let mh_small_s = net.reg(r.send, &mut small)?;
     let mh_small_r = net.reg(r.recv, &mut small)?;
-    let p = net.props(0)?;
+    let p = net.props(r.dev)?;
     let name = unsafe { std::ffi::CStr::from_ptr(p.name) }.to_string_lossy().into_owned();
     let cfg = nccl_net_rivet::config::get();
+    let lanes = if r.transport == "TCP" {
+        format!("{} stream(s)", cfg.socket_nstreams)
+    } else {
+        format!("{} QP(s)", cfg.ib_qps)
+    };
     r.out(&format!(
-        "# rivet perf: {} dev 0 ({name}, {} Mb/s), TCP, {} stream(s), window {}",
+        "# rivet perf: {} dev {} ({name}, {} Mb/s), {}, {lanes}, window {}",
         net.path.display(),
+        r.dev,
         p.speed,
-        cfg.socket_nstreams,
+        r.transport,
         o.window
     ));
 

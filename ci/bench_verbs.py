@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""rivet over RDMA verbs against perftest on the same Soft-RoCE link, in one VM run.
+
+    python3 ci/bench_verbs.py [--rounds 3] [--mtu 9000]
+
+Builds the release plugin and CLI, boots the Soft-RoCE VM (ci/vm/run-vm.sh) with the veth MTU
+given (9000: rxe active_mtu 4096) and runs ROUNDS rounds of: ib_write_bw at 64 KiB, 1 MiB and
+16 MiB plus ib_write_lat at 8 bytes (rxe0 -> rxe1), then `rivet perf --dev 0,1` (rank 0 on rxe0
+sends to rank 1 on rxe1) at the same sizes and its 8-byte one-way ping-pong latency. Prints the
+median of each with the ratio rivet / perftest. Emulation is noisy: quote medians, not one run.
+"""
+import argparse, os, re, shutil, statistics, subprocess, sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--mtu", type=int, default=9000)
+    a = ap.parse_args()
+    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    share = os.path.join(ROOT, "target", "vm", "bench")
+    shutil.rmtree(share, ignore_errors=True)
+    os.makedirs(share)
+    shutil.copy(os.path.join(ROOT, "target/release/libnccl_net_rivet.so"), os.path.join(share, "libnccl-net-rivet.so"))
+    shutil.copy(os.path.join(ROOT, "target/release/rivet"), share)
+    shutil.copy(os.path.join(ROOT, "ci/vm/guest/bench.sh"), share)
+    out = subprocess.run([os.path.join(ROOT, "ci/vm/run-vm.sh"), "--share", share, "--mtu", str(a.mtu), "--timeout", "1800",
+                          "/mnt/host/bench.sh", str(a.rounds)], cwd=ROOT, capture_output=True, text=True)
+    log = out.stdout + out.stderr
+    with open(os.path.join(ROOT, "target", "vm", "bench.log"), "w") as f:
+        f.write(log)
+    if out.returncode != 0:
+        sys.exit(f"the VM run failed (exit {out.returncode}):\n{log}")
+    pt_bw, pt_lat, rv_bw, rv_lat = {}, [], {}, []
+    for line in log.splitlines():
+        m = re.match(r"PERFTEST write_bw size=(\d+) .*MBps=([\d.]+)", line)
+        if m:
+            pt_bw.setdefault(int(m[1]), []).append(float(m[2]) * 1e6)
+        m = re.match(r"PERFTEST write_lat size=8 .*usec_typical=([\d.]+)", line)
+        if m:
+            pt_lat.append(float(m[1]))
+        m = re.match(r"RIVET\s+(?:OUT\s+)?\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$", line)
+        if m:
+            rv_bw.setdefault(int(m[1]), []).append(float(m[4]) * 1e9)
+        m = re.search(r"RIVET.*latency \(8 B ping-pong, one way\): ([\d.]+) us", line)
+        if m:
+            rv_lat.append(float(m[1]))
+    med = statistics.median
+    info = next((l for l in log.splitlines() if l.startswith("PERFTEST info")), "")
+    print(f"# Soft-RoCE rxe0 -> rxe1, veth MTU {a.mtu} ({info.split('active_mtu=')[-1].split()[0] if info else '?'} active), "
+          f"median of {a.rounds} rounds (all rounds: target/vm/bench.log)")
+    print(f"| {'size':>8} | {'ib_write_bw MB/s':>16} | {'rivet MB/s':>10} | {'ratio':>5} |")
+    print("|---:|---:|---:|---:|")
+    for size in sorted(pt_bw):
+        p, r = med(pt_bw[size]) / 1e6, med(rv_bw.get(size, [0])) / 1e6
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        print(f"| {label:>8} | {p:16.1f} | {r:10.1f} | {r / p if p else 0:5.2f} |")
+    if pt_lat and rv_lat:
+        p, r = med(pt_lat), med(rv_lat)
+        print(f"\n| 8 B one-way latency | ib_write_lat {p:.1f} us | rivet {r:.1f} us | ratio {r / p:.2f} |")
+    if any(len(v) < a.rounds for v in list(pt_bw.values()) + list(rv_bw.values())):
+        sys.exit("some rounds produced no number: see target/vm/bench.log")
+
+
+if __name__ == "__main__":
+    main()

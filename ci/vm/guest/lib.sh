@@ -1,0 +1,69 @@
+# Helpers for guest scripts (busybox sh). Source with:  . "${0%/*}/lib.sh"
+# Fork+exec costs milliseconds under TCG, so these read sysfs/procfs with the `read` builtin.
+# busybox ash prefers its own applets to $PATH: call iproute2 as $IP / $RDMA (full paths).
+IP=/usr/bin/ip
+RDMA=/usr/bin/rdma
+
+now() { read -r NOW _ < /proc/uptime; }          # sets NOW (guest seconds, 2 decimals)
+
+# roce_v2_gid DEV IPV4_HEX_TAIL -> sets GID_INDEX to the RoCE v2 GID index whose GID is
+# ::ffff:<IPv4> (e.g. 0a00:0002 for 10.0.0.2); returns 1 and GID_INDEX=-1 when not found.
+# Reads only gids/0..7: the table has 1024 entries and looping over all of them takes seconds.
+roce_v2_gid() {
+  GID_INDEX=-1
+  for _i in 0 1 2 3 4 5 6 7; do
+    _g=; read -r _g 2>/dev/null < /sys/class/infiniband/$1/ports/1/gids/$_i
+    case $_g in
+      *:ffff:$2)
+        _t=; read -r _t 2>/dev/null < /sys/class/infiniband/$1/ports/1/gid_attrs/types/$_i
+        case $_t in *v2*) GID_INDEX=$_i; return 0 ;; esac ;;
+    esac
+  done
+  return 1
+}
+
+# counter IFACE rx|tx -> sets COUNT to the interface's packet counter
+counter() { COUNT=0; read -r COUNT < /sys/class/net/$1/statistics/${2}_packets; }
+
+# wait_listen PORT [TENTHS [PID]]: wait until a TCP socket listens on PORT (default: up to 30 s);
+# gives up early when process PID has exited
+wait_listen() {
+  _hex=$(printf '%04X' "$1"); _n=0
+  while [ $_n -lt "${2:-300}" ]; do
+    [ -z "${3:-}" ] || kill -0 "$3" 2>/dev/null || return 1
+    for _f in /proc/net/tcp /proc/net/tcp6; do
+      while read -r _ _l _ _st _; do
+        case "$_l:$_st" in *:$_hex:0A) return 0 ;; esac
+      done < $_f
+    done
+    sleep 0.1; _n=$((_n + 1))
+  done
+  return 1
+}
+
+# pt_pair NAME TOOL SRV_DEV SRV_GID CLI_DEV CLI_GID SERVER_IP [perftest args...]
+# Runs a perftest server on SRV_DEV and its client on CLI_DEV; outputs go to /tmp/NAME.srv and
+# /tmp/NAME.cli, the guest seconds the pair took to PT_SECS. Returns nonzero when either side fails.
+PT_PORT=18515
+pt_pair() {
+  _name=$1 _tool=$2 _sd=$3 _sg=$4 _cd=$5 _cg=$6 _dst=$7; shift 7
+  PT_PORT=$((PT_PORT + 1))
+  now; _t0=$NOW
+  timeout 300 $_tool -d $_sd -x $_sg -F -p $PT_PORT "$@" > /tmp/$_name.srv 2>&1 &
+  _spid=$!
+  if ! wait_listen $PT_PORT 300 $_spid; then
+    echo "pt_pair $_name: the $_tool server did not start listening"; cat /tmp/$_name.srv
+    kill $_spid 2>/dev/null; wait $_spid; return 1
+  fi
+  timeout 300 $_tool -d $_cd -x $_cg -F -p $PT_PORT "$@" $_dst > /tmp/$_name.cli 2>&1
+  _crc=$?
+  [ $_crc = 0 ] || kill $_spid 2>/dev/null
+  wait $_spid; _src=$?
+  now; PT_SECS=$(awk -v a=$_t0 -v b=$NOW 'BEGIN { printf "%.1f", b - a }')
+  if [ $_crc != 0 ] || [ $_src != 0 ]; then
+    echo "pt_pair $_name: $_tool failed (client rc=$_crc, server rc=$_src)"
+    echo "--- client:"; cat /tmp/$_name.cli; echo "--- server:"; cat /tmp/$_name.srv
+    return 1
+  fi
+  return 0
+}
