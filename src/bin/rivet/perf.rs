@@ -61,21 +61,29 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: 
         o.window
     ));
 
-    // Latency: rank 0 sends 8 bytes, rank 1 echoes them.
+    // Latency: rank 0 sends 8 bytes, rank 1 echoes them. Each side keeps its next receive posted
+    // ahead (as NCCL does), so a clear-to-send is never on the critical path.
     let sp = small.as_mut_ptr();
     let warm = 100.min(o.lat_iters);
     let mut t0 = Instant::now();
+    let mut rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
     for i in 0..warm + o.lat_iters {
         if i == warm {
             t0 = Instant::now();
         }
+        let last = i + 1 == warm + o.lat_iters;
         if rank == 0 {
-            let rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
             let sr = net.isend(r.send, sp, 8, 0, mh_small_s)?;
-            r.wait_all(&[sr, rr])?;
-        } else {
-            let rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
             r.wait_all(&[rr])?;
+            if !last {
+                rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
+            }
+            r.wait_all(&[sr])?;
+        } else {
+            r.wait_all(&[rr])?;
+            if !last {
+                rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
+            }
             let sr = net.isend(r.send, sp, 8, 0, mh_small_s)?;
             r.wait_all(&[sr])?;
         }

@@ -65,6 +65,9 @@ enum St {
 /// State shared by both directions: the peer, its out-of-band socket, the death certificate.
 pub struct Common {
     pub port: &'static IbPort,
+    /// Our QPNs, for matching asynchronous QP events.
+    qpns: [u32; crate::proto::verbs::MAX_QPS + 1],
+    nqpns: usize,
     pub peer: SocketAddr,
     pub oob: OwnedFd,
     dead: Option<Error>,
@@ -74,8 +77,21 @@ pub struct Common {
 }
 
 impl Common {
-    pub fn new(port: &'static IbPort, peer: SocketAddr, oob: OwnedFd) -> Common {
-        Common { port, peer, oob, dead: None, eof_since: None, last_check: Instant::now(), wc: unsafe { std::mem::zeroed() } }
+    pub fn new(port: &'static IbPort, peer: SocketAddr, oob: OwnedFd, qpns: &[u32]) -> Common {
+        let mut q = [0u32; crate::proto::verbs::MAX_QPS + 1];
+        let n = qpns.len().min(q.len());
+        q[..n].copy_from_slice(&qpns[..n]);
+        Common {
+            port,
+            qpns: q,
+            nqpns: n,
+            peer,
+            oob,
+            dead: None,
+            eof_since: None,
+            last_check: Instant::now(),
+            wc: unsafe { std::mem::zeroed() },
+        }
     }
 
     fn check(&self) -> Result<()> {
@@ -140,6 +156,14 @@ impl Common {
             | IBV_WC_REM_ABORT_ERR => Kind::Remote,
             _ => Kind::System,
         };
+        let mut cause = String::new();
+        if wc.status == IBV_WC_WR_FLUSH_ERR {
+            // What put the QP in the error state, when the device said so.
+            self.port.dev.poll_events();
+            if let Some((_, ev)) = self.port.dev.qp_event(std::iter::once(wc.qp_num)) {
+                cause = format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev));
+            }
+        }
         let gone = if matches!(self.peer_state(), PeerState::Gone) {
             format!("; the peer {} has closed its connection, so it most likely exited or crashed", self.peer)
         } else {
@@ -148,7 +172,7 @@ impl Common {
         Error::new(
             kind,
             format!(
-                "{}: {op} failed with {} (vendor error {:#x}): {}{gone}",
+                "{}: {op} failed with {} (vendor error {:#x}): {}{cause}{gone}",
                 self.where_(wc.qp_num),
                 wc_status_name(wc.status),
                 wc.vendor_err,
@@ -164,7 +188,13 @@ impl Common {
             return Ok(());
         }
         self.last_check = now;
-        if let Err(e) = self.port.dev.check_fatal() {
+        let dev = &self.port.dev;
+        dev.poll_events();
+        if let Err(e) = dev.check_fatal() {
+            return Err(self.die(e));
+        }
+        if let Some((qpn, ev)) = dev.qp_event(self.qpns[..self.nqpns].iter().copied()) {
+            let e = Error::system(format!("{}: asynchronous event {ev}: {}", self.where_(qpn), event_hint(ev)));
             return Err(self.die(e));
         }
         match self.peer_state() {
@@ -187,6 +217,14 @@ impl Common {
             self.port.dev.name, self.port.port, self.peer
         ));
         Err(self.die(e))
+    }
+}
+
+fn event_hint(ev: &str) -> &'static str {
+    match ev {
+        "QP_ACCESS_ERR" => "the peer wrote with an invalid or stale rkey, or outside a registered buffer",
+        "QP_REQ_ERR" => "a malformed request reached this queue pair",
+        _ => "the queue pair failed",
     }
 }
 

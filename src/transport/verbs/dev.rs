@@ -26,15 +26,58 @@ pub struct IbDevice {
     pub mrs: Mutex<MrCache<usize>>,
     /// Register with IBV_ACCESS_RELAXED_ORDERING (through ibv_reg_mr_iova2).
     pub relaxed_ordering: bool,
-    /// Fatal asynchronous events seen (device, port, CQ or QP errors).
+    /// Device-wide fatal asynchronous events seen (DEVICE_FATAL, CQ_ERR).
     pub fatal_events: AtomicU32,
     pub fatal_reason: Mutex<Option<String>>,
+    /// Queue pairs an asynchronous event declared broken: (QPN, event name).
+    bad_qps: Mutex<Vec<(u32, &'static str)>>,
 }
 
 unsafe impl Send for IbDevice {}
 unsafe impl Sync for IbDevice {}
 
 impl IbDevice {
+    /// Drain the device's asynchronous events (its fd is non-blocking). There is no event thread:
+    /// the data path calls this when a call makes no progress, so nothing runs in the background
+    /// after NCCL closes or dlcloses the plugin (v6-v10 have no finalize to stop a thread).
+    pub fn poll_events(&self) {
+        let Ok(v) = verbs::get() else { return };
+        let Ok(mut bad) = self.bad_qps.try_lock() else { return };
+        for _ in 0..64 {
+            let mut ev: ibv_async_event = unsafe { std::mem::zeroed() };
+            if unsafe { (v.get_async_event)(self.ctx, &mut ev) } != 0 {
+                return; // EAGAIN: none pending
+            }
+            let name = verbs::event_name(ev.event_type);
+            match ev.event_type {
+                IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR => {
+                    let qpn = unsafe { (*ev.element.qp).qp_num };
+                    log::warn!("NET/rivet: {}: asynchronous event {name} on QPN {qpn}", self.name);
+                    if bad.len() < 4096 {
+                        bad.push((qpn, name));
+                    }
+                }
+                IBV_EVENT_DEVICE_FATAL | IBV_EVENT_CQ_ERR => {
+                    log::warn!("NET/rivet: {}: fatal asynchronous event {name}", self.name);
+                    self.fatal_events.fetch_add(1, Ordering::Relaxed);
+                    *self.fatal_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(name.to_string());
+                }
+                IBV_EVENT_PORT_ERR => {
+                    let port = unsafe { ev.element.port_num };
+                    log::warn!("NET/rivet: {}:{port}: the port went down (PORT_ERR): its connections will fail", self.name)
+                }
+                _ => log::info!("NET/rivet: {}: asynchronous event {name}", self.name),
+            }
+            unsafe { (v.ack_async_event)(&mut ev) };
+        }
+    }
+
+    /// The event that broke one of `qpns`, if any.
+    pub fn qp_event(&self, qpns: impl Iterator<Item = u32> + Clone) -> Option<(u32, &'static str)> {
+        let bad = self.bad_qps.lock().unwrap_or_else(|p| p.into_inner());
+        bad.iter().copied().find(|(q, _)| qpns.clone().any(|x| x == *q))
+    }
+
     /// Fails once the device reported a fatal asynchronous event.
     pub fn check_fatal(&self) -> Result<()> {
         if self.fatal_events.load(Ordering::Relaxed) == 0 {
@@ -315,7 +358,16 @@ fn open_device(
         relaxed_ordering,
         fatal_events: AtomicU32::new(0),
         fatal_reason: Mutex::new(None),
+        bad_qps: Mutex::new(Vec::new()),
     });
+    // Asynchronous events are polled, never waited for.
+    unsafe {
+        let fd = (*ctx).async_fd;
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl < 0 || libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) != 0 {
+            log::warn!("NET/rivet: {name}: cannot make the async event fd non-blocking; device events are not watched");
+        }
+    }
     Ok(kept
         .into_iter()
         .map(|(port, pa, gi, gid, rv)| IbPort {

@@ -338,7 +338,9 @@ impl Setup {
             if self.send { self.tc } else { m.tc },
             if self.send { self.sl } else { m.sl }
         );
-        let c = Common::new(p, self.peer, fd);
+        let mut qpns: Vec<u32> = qps.iter().map(|q| q.qp().qpn()).collect();
+        qpns.extend(flush.as_ref().map(|f| f.qp().qpn()));
+        let c = Common::new(p, self.peer, fd, &qpns);
         match self.local.take().unwrap() {
             Local::Send { cq, fifo, sizes_out, .. } => {
                 Box::new(VerbsSend::new(c, qps, cq, fifo, sizes_out, (m.fifo_addr, m.fifo_rkey)))
