@@ -35,15 +35,17 @@ def main():
         sys.exit(f"the VM run failed (exit {out.returncode}):\n{log}")
     pt_bw, pt_lat, rv_bw, rv_lat = {}, [], {}, []
     for line in log.splitlines():
-        m = re.match(r"PERFTEST write_bw size=(\d+) .*MBps=([\d.]+)", line)
+        # perftest's "MB/sec" is MiB/s (it divides by 0x100000); take the average, not the peak.
+        m = re.match(r"PERFTEST write_bw size=(\d+) .* MBps=([\d.]+)", line)
         if m:
-            pt_bw.setdefault(int(m[1]), []).append(float(m[2]) * 1e6)
+            pt_bw.setdefault(int(m[1]), []).append(float(m[2]))
         m = re.match(r"PERFTEST write_lat size=8 .*usec_typical=([\d.]+)", line)
         if m:
             pt_lat.append(float(m[1]))
-        m = re.match(r"RIVET\s+(?:OUT\s+)?\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$", line)
+        # rivet perf rows: size, iterations, microseconds per message, GB/s; MiB/s from the time.
+        m = re.match(r"RIVET\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$", line)
         if m:
-            rv_bw.setdefault(int(m[1]), []).append(float(m[4]) * 1e9)
+            rv_bw.setdefault(int(m[1]), []).append(int(m[1]) / (float(m[3]) / 1e6) / 2**20)
         m = re.search(r"RIVET.*latency \(8 B ping-pong, one way\): ([\d.]+) us", line)
         if m:
             rv_lat.append(float(m[1]))
@@ -51,12 +53,12 @@ def main():
     info = next((l for l in log.splitlines() if l.startswith("PERFTEST info")), "")
     print(f"# Soft-RoCE rxe0 -> rxe1, veth MTU {a.mtu} ({info.split('active_mtu=')[-1].split()[0] if info else '?'} active), "
           f"median of {a.rounds} rounds (all rounds: target/vm/bench.log)")
-    print(f"| {'size':>8} | {'ib_write_bw MB/s':>16} | {'rivet MB/s':>10} | {'ratio':>5} |")
+    print(f"| {'size':>8} | {'ib_write_bw MiB/s':>17} | {'rivet MiB/s':>11} | {'ratio':>5} |")
     print("|---:|---:|---:|---:|")
     for size in sorted(pt_bw):
-        p, r = med(pt_bw[size]) / 1e6, med(rv_bw.get(size, [0])) / 1e6
+        p, r = med(pt_bw[size]), med(rv_bw.get(size, [0]))
         label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
-        print(f"| {label:>8} | {p:16.1f} | {r:10.1f} | {r / p if p else 0:5.2f} |")
+        print(f"| {label:>8} | {p:17.1f} | {r:11.1f} | {r / p if p else 0:5.2f} |")
     if pt_lat and rv_lat:
         p, r = med(pt_lat), med(rv_lat)
         print(f"\n| 8 B one-way latency | ib_write_lat {p:.1f} us | rivet {r:.1f} us | ratio {r / p:.2f} |")

@@ -108,6 +108,11 @@ pub const VARS: &[Var] = &[
         meaning: "Queue pairs per connection (1-16); each message is split across them in 128-byte-aligned chunks.",
     },
     Var {
+        name: "RIVET_IB_EAGER_MAX",
+        default: "8192",
+        meaning: "Largest message (bytes, 0-262144) the RDMA transport sends eagerly into the receiver's ring of registered buffers, without waiting for a clear-to-send; set on the receiving side (it sizes the ring: 32 slots).",
+    },
+    Var {
         name: "NCCL_IB_PCI_RELAXED_ORDERING",
         default: "2",
         meaning: "Relaxed-ordering memory registrations: 0 off, 1 on, 2 on where libibverbs has ibv_reg_mr_iova2.",
@@ -139,6 +144,7 @@ pub struct Config {
     pub ib_pkey: u16,
     pub ib_qps: usize,
     pub ib_relaxed_ordering: u32,
+    pub ib_eager_max: usize,
     pub gdr_flush_disable: bool,
 }
 
@@ -253,6 +259,7 @@ impl Config {
             ib_pkey: int_var(get, "NCCL_IB_PKEY", 0, 65535) as u16,
             ib_qps: int_var(get, "NCCL_IB_QPS_PER_CONNECTION", 1, 16) as usize,
             ib_relaxed_ordering: int_var(get, "NCCL_IB_PCI_RELAXED_ORDERING", 0, 2) as u32,
+            ib_eager_max: int_var(get, "RIVET_IB_EAGER_MAX", 0, 262144) as usize,
             gdr_flush_disable: int_var(get, "NCCL_GDR_FLUSH_DISABLE", 0, 1) == 1,
         }
     }

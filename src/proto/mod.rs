@@ -6,7 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 pub const HANDLE_SIZE: usize = 128;
 const HANDLE_MAGIC: u32 = 0x5256_4e54; // "RVNT"
-pub const PROTO_VERSION: u8 = 1;
+/// Bumped whenever a wire format changes: ranks must run one rivet build.
+pub const PROTO_VERSION: u8 = 2;
 pub const TRANSPORT_SOCKET: u8 = 1;
 pub const TRANSPORT_VERBS: u8 = 2;
 

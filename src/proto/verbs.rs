@@ -1,6 +1,7 @@
 //! Wire formats of the verbs transport, as pure code: the connection metadata exchanged once over
 //! the out-of-band TCP socket, the clear-to-send (CTS) entry the receiver RDMA-writes into the
-//! sender's FIFO, and the 128-byte-aligned split of a message across queue pairs.
+//! sender's FIFO, the header of an eager message, the immediate-data encoding, and the
+//! 128-byte-aligned split of a message across queue pairs.
 
 use super::{rd_u16, rd_u32, rd_u64, PROTO_VERSION};
 
@@ -11,7 +12,8 @@ pub const MAX_QPS: usize = 16;
 const NAME_LEN: usize = 32;
 
 /// What each side of a verbs connection tells the other. `fifo_addr`/`fifo_rkey` name the memory
-/// the peer writes into: the sender's CTS FIFO, or the receiver's sizes FIFO.
+/// the peer writes into: the sender's CTS FIFO (followed by its credit word), or the receiver's
+/// sizes FIFO. The `ring_*` fields describe the receiver's eager ring (zero from the sender).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Meta {
     pub nqps: u8,
@@ -27,7 +29,16 @@ pub struct Meta {
     pub fifo_rkey: u32,
     pub dev_name: String,
     pub qpns: Vec<u32>,
+    pub ring_addr: u64,
+    pub ring_rkey: u32,
+    pub ring_slots: u16,
+    /// Largest message sent eagerly (the ring slot holds it after an [`EagerHdr`]).
+    pub eager_max: u32,
 }
+
+/// Most eager ring slots and largest eager message a peer may announce.
+pub const MAX_RING_SLOTS: u16 = 1024;
+pub const MAX_EAGER: u32 = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaError {
@@ -72,6 +83,10 @@ impl Meta {
         for (i, q) in self.qpns.iter().take(MAX_QPS).enumerate() {
             b[80 + 4 * i..84 + 4 * i].copy_from_slice(&q.to_le_bytes());
         }
+        b[44..48].copy_from_slice(&self.ring_rkey.to_le_bytes());
+        b[144..152].copy_from_slice(&self.ring_addr.to_le_bytes());
+        b[152..156].copy_from_slice(&self.eager_max.to_le_bytes());
+        b[156..158].copy_from_slice(&self.ring_slots.to_le_bytes());
         b
     }
 
@@ -104,6 +119,14 @@ impl Meta {
         if let Some(&q) = qpns.iter().find(|&&q| q == 0 || q > 0xff_ffff) {
             return Err(MetaError::Field("queue pair number", q as u64));
         }
+        let ring_slots = rd_u16(b, 156);
+        if ring_slots > MAX_RING_SLOTS {
+            return Err(MetaError::Field("eager ring size", ring_slots as u64));
+        }
+        let eager_max = rd_u32(b, 152);
+        if eager_max > MAX_EAGER {
+            return Err(MetaError::Field("eager limit", eager_max as u64));
+        }
         Ok(Meta {
             nqps,
             link_layer: b[9],
@@ -117,6 +140,10 @@ impl Meta {
             fifo_rkey: rd_u32(b, 40),
             dev_name: String::from_utf8_lossy(&name_raw[..end]).into_owned(),
             qpns,
+            ring_addr: rd_u64(b, 144),
+            ring_rkey: rd_u32(b, 44),
+            ring_slots,
+            eager_max,
         })
     }
 }
@@ -153,28 +180,97 @@ impl Mismatch {
     }
 }
 
-/// One clear-to-send entry: a receive buffer the sender may write. 32 bytes and 32-byte aligned,
-/// so one entry is one PCIe write; `seq` (the receive's sequence number + 1) comes last and says
-/// the entry is complete.
+/// One clear-to-send entry: a receive buffer the sender may RDMA-write. 32 bytes and 32-byte
+/// aligned, so one entry is one PCIe write; `stamp` (the CTS index + 1) comes last and says the
+/// entry is complete. Only receives with a buffer larger than the eager limit post CTS entries.
 #[repr(C, align(32))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cts {
     pub addr: u64,
-    pub size: u64,
+    /// Buffer size in the low 60 bits; the number of buffers in the grouped receive (1..=8) in
+    /// the top 4 (the same in each entry of the group).
+    pub size_n: u64,
     pub rkey: u32,
     pub tag: i32,
-    /// Buffers in this grouped receive (1..=8); the same in each of its entries.
-    pub nreqs: u16,
-    pub _pad: u16,
+    /// Send sequence number (wrapping) of the grouped receive's first send.
+    pub base: u32,
+    pub stamp: u32,
+}
+
+impl Cts {
+    pub fn new(addr: u64, size: u64, rkey: u32, tag: i32, n: usize, base: u32, stamp: u32) -> Cts {
+        Cts { addr, size_n: (size & SIZE_MASK) | ((n as u64) << 60), rkey, tag, base, stamp }
+    }
+    pub fn size(&self) -> u64 {
+        self.size_n & SIZE_MASK
+    }
+    pub fn n(&self) -> usize {
+        (self.size_n >> 60) as usize
+    }
+}
+
+const SIZE_MASK: u64 = (1 << 60) - 1;
+
+/// The header an eager message carries at the start of its ring slot (followed by the payload).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EagerHdr {
+    /// Send sequence number (wrapping): which receive, and which of its buffers by tag.
     pub seq: u32,
+    pub flags: u32,
+    pub size: u64,
+    pub tag: i32,
+    pub _pad: [u32; 3],
+}
+
+pub const EAGER_HDR: usize = 32;
+/// The payload follows the header.
+pub const EAGER_DATA: u32 = 1;
+/// No payload: a large send announces itself because its CTS has not come (lets the receiver
+/// report a send larger than its receive instead of both sides waiting).
+pub const EAGER_RTS: u32 = 2;
+/// The sender is running low on ring slots: return credits now.
+pub const EAGER_URGENT: u32 = 4;
+
+/// Immediate data of a write that completes a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Imm {
+    /// An eager message landed in this ring slot.
+    Eager(u32),
+    /// One queue pair's part of a rendezvous write into buffer `entry` of CTS slot `slot`.
+    Rdv { slot: u32, entry: u32 },
+}
+
+const IMM_EAGER_BIT: u32 = 1 << 31;
+
+impl Imm {
+    pub fn encode(self) -> u32 {
+        match self {
+            Imm::Eager(s) => IMM_EAGER_BIT | (s & 0xffff),
+            Imm::Rdv { slot, entry } => ((slot & 0xffff) << 3) | (entry & 7),
+        }
+    }
+    pub fn decode(v: u32) -> Imm {
+        if v & IMM_EAGER_BIT != 0 {
+            Imm::Eager(v & 0xffff)
+        } else {
+            Imm::Rdv { slot: (v >> 3) & 0xffff, entry: v & 7 }
+        }
+    }
+}
+
+/// Where `seq` falls relative to a group of `n` sends starting at `base` (wrapping u32 sequence
+/// numbers): negative before it, 0..n inside, >= n after.
+pub fn seq_offset(seq: u32, base: u32) -> i64 {
+    seq.wrapping_sub(base) as i32 as i64
 }
 
 /// CTS slots per connection (a ring; the receiver has at most its request count in flight).
 pub const FIFO_DEPTH: usize = 256;
+/// Bytes of the CTS FIFO; the sender's credit word (u64, written by the receiver) follows it.
+pub const FIFO_BYTES: usize = FIFO_DEPTH * 8 * 32;
 /// Bytes of the sizes FIFO entry (one u64 per buffer of a grouped receive).
 pub const SIZES_ENTRY: usize = 8 * 8;
-/// imm_data meaning "read the sizes from the sizes FIFO" (grouped receive or a size >= 2^31).
-pub const IMM_SIZES: u32 = u32::MAX;
 /// Alignment of the pieces a message is split into across QPs (LL128 needs 128-byte units).
 pub const CHUNK_ALIGN: usize = 128;
 
@@ -203,6 +299,10 @@ mod tests {
             fifo_rkey: 0xabcd,
             dev_name: "rxe0".into(),
             qpns: vec![17, 18],
+            ring_addr: 0x7f00_0000_1000,
+            ring_rkey: 0x1234,
+            ring_slots: 32,
+            eager_max: 8192,
         }
     }
 
@@ -229,6 +329,26 @@ mod tests {
         let mut m = meta();
         m.qpns[1] = 0;
         assert!(matches!(Meta::decode(&m.encode()), Err(MetaError::Field("queue pair number", 0))));
+        let mut m = meta();
+        m.ring_slots = 5000;
+        assert!(matches!(Meta::decode(&m.encode()), Err(MetaError::Field("eager ring size", 5000))));
+    }
+
+    #[test]
+    fn cts_packs_size_and_count() {
+        let c = Cts::new(1, (1 << 40) + 5, 2, -1, 8, 77, 9);
+        assert_eq!((c.size(), c.n(), c.base, c.stamp), ((1 << 40) + 5, 8, 77, 9));
+        assert_eq!(std::mem::size_of::<EagerHdr>(), EAGER_HDR);
+    }
+
+    #[test]
+    fn imm_roundtrip_and_seq_offsets() {
+        for i in [Imm::Eager(0), Imm::Eager(1023), Imm::Rdv { slot: 255, entry: 7 }, Imm::Rdv { slot: 0, entry: 0 }] {
+            assert_eq!(Imm::decode(i.encode()), i);
+        }
+        assert_eq!(seq_offset(5, 3), 2);
+        assert_eq!(seq_offset(2, 3), -1);
+        assert_eq!(seq_offset(1, u32::MAX), 2); // across the wrap
     }
 
     #[test]
@@ -239,10 +359,10 @@ mod tests {
     }
 
     #[test]
-    fn cts_entry_is_32_bytes_with_seq_last() {
+    fn cts_entry_is_32_bytes_with_stamp_last() {
         assert_eq!(std::mem::size_of::<Cts>(), 32);
         assert_eq!(std::mem::align_of::<Cts>(), 32);
-        assert_eq!(std::mem::offset_of!(Cts, seq), 28);
+        assert_eq!(std::mem::offset_of!(Cts, stamp), 28);
     }
 
     #[test]

@@ -1,24 +1,36 @@
-//! The verbs data path: receiver-driven RDMA WRITE.
+//! The verbs data path.
 //!
-//! * `irecv` posts one zero-length receive per queue pair and RDMA-writes a clear-to-send (CTS)
-//!   entry per buffer (address, size, rkey, tag, sequence) into the sender's FIFO.
-//! * `isend` returns a NULL request until the CTS for its slot has arrived; once every send of
-//!   the slot is matched (grouped receives take up to 8) it RDMA-writes the payloads, split across
-//!   the queue pairs in 128-byte units, and completes each QP's chain with an immediate: the size
-//!   for a single receive, or "read the sizes FIFO", which the chain wrote first.
-//! * `test` polls the comm's one CQ in batches; a failed completion kills the comm with a WARN
-//!   naming device, port, QPN, peer, status, vendor error and a hint; later calls fail fast.
-//! * A peer that vanished (out-of-band socket closed) fails pending requests after a grace period.
+//! Every send has a sequence number. Small messages (up to the receiver's eager limit) go
+//! *eagerly*: one RDMA WRITE_WITH_IMM of a 32-byte header and the payload into the next slot of a
+//! ring of registered buffers at the receiver, without waiting for anything; the receiver matches
+//! them to its receives by sequence number and tag and copies them out. Ring slots come back to
+//! the sender as credits (a counter the receiver RDMA-writes, in batches or when the sender asks).
 //!
+//! Large messages are receiver-driven: a receive with a buffer above the eager limit RDMA-writes a
+//! clear-to-send (CTS) entry per buffer (address, size, rkey, tag, first sequence number) into a
+//! FIFO in the sender's memory. `isend` returns a NULL request until its CTS has arrived, then
+//! writes the payload straight into the receive buffer, split across the connection's QPs in
+//! 128-byte units; each QP's part ends with an immediate naming the CTS slot and buffer, and the
+//! size goes to the receiver's sizes FIFO first. A large send whose CTS has not come announces
+//! itself with a header-only eager message, so that a send larger than its receive is reported
+//! by both sides instead of waited for.
+//!
+//! `test` polls the comm's one CQ in batches; a failed completion kills the comm with a WARN
+//! naming device, port, QPN, peer, status, vendor error and a hint; later calls fail fast. A peer
+//! that vanished (out-of-band socket closed) fails pending requests after a grace period.
 //! Nothing here allocates: requests, work requests and scatter lists are fixed arrays.
 
 use super::dev::IbPort;
 use super::res::{Cq, QpRts, RegBuf};
 use crate::error::{Error, Kind, Result};
-use crate::proto::verbs::{qp_chunk, Cts, Mismatch, FIFO_DEPTH, IMM_SIZES, NOTICE_SIZE, SIZES_ENTRY};
+use crate::proto::verbs::{
+    qp_chunk, seq_offset, Cts, EagerHdr, Imm, Mismatch, EAGER_DATA, EAGER_HDR, EAGER_RTS, EAGER_URGENT, FIFO_BYTES,
+    FIFO_DEPTH, NOTICE_SIZE, SIZES_ENTRY,
+};
 use crate::sys::ib::*;
 use crate::sys::verbs::{self, wc_status_hint, wc_status_name};
 use crate::transport::{Conn, MrInfo, RecvBuf, MAX_RECVS};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{fence, Ordering};
@@ -27,11 +39,10 @@ use std::time::{Duration, Instant};
 pub const SEND_REQS: usize = 32 * MAX_RECVS;
 pub const RECV_REQS: usize = 32;
 pub const FLUSH_REQS: usize = 32;
-/// Work requests one QP may chain for one slot: a write per buffer, the sizes write, the immediate.
-const MAX_CHAIN: usize = MAX_RECVS + 2;
 const POLL_BATCH: usize = 16;
-/// Signal one CTS write in this many (the others complete silently but hold send-queue slots).
-const CTS_SIGNAL_EVERY: u64 = 32;
+/// Signal one in this many unsignaled writes per QP (they hold send-queue slots until a later
+/// signaled one completes).
+const SIGNAL_EVERY: u32 = 32;
 /// How long completions may still arrive after the peer's socket closed.
 const EOF_GRACE: Duration = Duration::from_millis(500);
 const LIVENESS_EVERY: Duration = Duration::from_millis(10);
@@ -39,27 +50,44 @@ const LIVENESS_EVERY: Duration = Duration::from_millis(10);
 const KIND_SHIFT: u32 = 56;
 const KIND_SEND: u64 = 1;
 const KIND_RECV: u64 = 2;
-const KIND_CTS: u64 = 3;
+const KIND_CTRL: u64 = 3;
 const KIND_FLUSH: u64 = 4;
 
-/// Send-queue and receive-queue depths (also what CQs are sized from).
-pub const SEND_QP_SQ: u32 = (RECV_REQS * MAX_CHAIN + 64) as u32;
+/// Queue depths (CQs are sized from them: every work request that can be outstanding).
+pub const SEND_QP_SQ: u32 = (SEND_REQS * 3 + 64) as u32;
 pub const RECV_QP_SQ: u32 = 256;
-pub const RECV_QP_RQ: u32 = (RECV_REQS * 2) as u32;
+/// Receives pre-posted on each receiver QP: every eager slot plus every send in flight.
+pub const RECV_QP_RQ: u32 = 1024;
 pub const FLUSH_QP_SQ: u32 = FLUSH_REQS as u32 + 1;
+/// Eager ring slots at each receiver.
+pub const RING_SLOTS: usize = 32;
+/// Header buffers for header-only announcements, after the per-request ones.
+pub const RTS_HDRS: usize = 16;
+/// Bytes of the sender's header buffer.
+pub const HDRS_BYTES: usize = (SEND_REQS + RTS_HDRS) * EAGER_HDR;
+
+/// Bytes of one eager ring slot for a given eager limit.
+pub fn slot_bytes(eager_max: usize) -> usize {
+    (EAGER_HDR + eager_max).next_multiple_of(64)
+}
+
+/// Post `n` zero-length receives on `qp` (each consumes one completion with immediate data).
+pub fn post_recvs(qp: &QpRts, n: u32) -> std::result::Result<(), i32> {
+    for _ in 0..n {
+        let mut wr = ibv_recv_wr { wr_id: KIND_RECV << KIND_SHIFT, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
+        let mut bad = std::ptr::null_mut();
+        let rc = unsafe { verbs::post_recv(qp.qp().raw(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(rc);
+        }
+    }
+    Ok(())
+}
 
 enum PeerState {
     Alive,
     Gone,
     Mismatch(Mismatch),
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum St {
-    Free,
-    /// A send waiting for the other sends of its grouped receive.
-    Matched,
-    Posted,
 }
 
 /// State shared by both directions: the peer, its out-of-band socket, the death certificate.
@@ -143,7 +171,7 @@ impl Common {
         let op = match wc.wr_id >> KIND_SHIFT {
             KIND_SEND => "RDMA WRITE of a send",
             KIND_RECV => "receive",
-            KIND_CTS => "clear-to-send write",
+            KIND_CTRL => "clear-to-send, credit or announcement write",
             KIND_FLUSH => "flush RDMA READ",
             _ => "work request",
         };
@@ -201,7 +229,7 @@ impl Common {
             PeerState::Alive => return Ok(()),
             PeerState::Mismatch(m) => {
                 let e = Error::usage(format!(
-                    "collective mismatch: the peer {} sends {} bytes with tag {} into our receive of {} bytes; every rank must run the same collectives with the same sizes",
+                    "collective mismatch with the peer {}: a send of {} bytes with tag {} into a receive of {} bytes; every rank must run the same collectives with the same sizes",
                     self.peer, m.send_size, m.tag, m.recv_size
                 ));
                 return Err(self.die(e));
@@ -280,44 +308,72 @@ fn rdma_wr(op: u32, wr_id: u64, remote: u64, rkey: u32, nsge: i32) -> ibv_send_w
 
 // ---------------------------------------------------------------------------------------------
 
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum St {
+    Free,
+    Posted,
+}
+
 #[derive(Clone, Copy)]
 struct SendReq {
     st: St,
     pending: u32,
     size: usize,
-    data: u64,
-    lkey: u32,
-    cts: Cts,
+}
+
+/// Where the sender's eager messages go.
+pub struct Ring {
+    pub addr: u64,
+    pub rkey: u32,
+    pub slots: usize,
+    pub eager_max: usize,
 }
 
 pub struct VerbsSend {
     // Field order is drop order: QPs before their CQ, MRs before their memory.
     qps: Vec<QpRts>,
     cq: Cq,
-    /// The CTS FIFO the receiver writes into.
+    /// The CTS FIFO the receiver writes into, followed by the credit word.
     fifo: RegBuf,
-    /// Sizes of grouped receives, staged for the RDMA write into the receiver's sizes FIFO.
+    /// Sizes of rendezvous sends, staged for the write into the receiver's sizes FIFO.
     sizes_out: RegBuf,
+    /// Eager headers, one per request slot.
+    hdrs: RegBuf,
     rem_sizes_addr: u64,
     rem_sizes_rkey: u32,
-    head: u64,
-    /// Request index + 1 matched to each entry of the current slot.
-    matched: [u16; MAX_RECVS],
-    nmatched: usize,
-    groups: Box<[[u16; MAX_RECVS]]>,
-    group_n: Box<[u8]>,
+    ring: Ring,
+    /// Sequence number of the next send.
+    seq: u32,
+    /// Eager slots used so far (the next one is `eager_sent % ring.slots`).
+    eager_sent: u64,
+    /// CTS index the next large send looks at.
+    cts_head: u64,
+    /// Buffers of CTS `cts_head` already taken by large sends.
+    cts_used: u8,
+    /// A large send announced with a header-only eager message (its sequence number).
+    rts_for: Option<u32>,
     reqs: Box<[SendReq]>,
     free: Vec<u16>,
-    wrs: [ibv_send_wr; MAX_CHAIN],
-    sges: [ibv_sge; MAX_CHAIN],
+    wrs: [ibv_send_wr; 3],
+    sges: [ibv_sge; 3],
     pub c: Common,
 }
 
 unsafe impl Send for VerbsSend {}
 
 impl VerbsSend {
-    pub fn new(c: Common, qps: Vec<QpRts>, cq: Cq, fifo: RegBuf, sizes_out: RegBuf, rem_sizes: (u64, u32)) -> VerbsSend {
-        let empty = SendReq { st: St::Free, pending: 0, size: 0, data: 0, lkey: 0, cts: Cts::default() };
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        c: Common,
+        qps: Vec<QpRts>,
+        cq: Cq,
+        fifo: RegBuf,
+        sizes_out: RegBuf,
+        hdrs: RegBuf,
+        rem_sizes: (u64, u32),
+        ring: Ring,
+    ) -> VerbsSend {
+        let empty = SendReq { st: St::Free, pending: 0, size: 0 };
         let mut free = Vec::with_capacity(SEND_REQS);
         free.extend((0..SEND_REQS as u16).rev());
         VerbsSend {
@@ -325,13 +381,15 @@ impl VerbsSend {
             cq,
             fifo,
             sizes_out,
+            hdrs,
             rem_sizes_addr: rem_sizes.0,
             rem_sizes_rkey: rem_sizes.1,
-            head: 0,
-            matched: [0; MAX_RECVS],
-            nmatched: 0,
-            groups: vec![[0u16; MAX_RECVS]; FIFO_DEPTH].into_boxed_slice(),
-            group_n: vec![0u8; FIFO_DEPTH].into_boxed_slice(),
+            ring,
+            seq: 0,
+            eager_sent: 0,
+            cts_head: 0,
+            cts_used: 0,
+            rts_for: None,
             reqs: vec![empty; SEND_REQS].into_boxed_slice(),
             free,
             wrs: unsafe { std::mem::zeroed() },
@@ -345,72 +403,110 @@ impl VerbsSend {
         unsafe { std::ptr::read_volatile(p.add(slot * MAX_RECVS + r)) }
     }
 
-    /// Every send of the current slot is matched: write the payloads and the completion.
-    fn post_group(&mut self, slot: usize, n: usize) -> Result<()> {
-        let members: [u16; MAX_RECVS] = std::array::from_fn(|r| if r < n { self.matched[r] - 1 } else { 0 });
-        let use_sizes = n > 1 || members[..n].iter().any(|&m| self.reqs[m as usize].size >= IMM_SIZES as usize / 2);
-        if use_sizes {
-            let p = unsafe { (self.sizes_out.buf.ptr() as *mut u64).add(slot * MAX_RECVS) };
-            for (r, &m) in members[..n].iter().enumerate() {
-                unsafe { p.add(r).write(self.reqs[m as usize].size as u64) };
-            }
-        }
-        let nqps = self.qps.len();
-        let wr_id = (KIND_SEND << KIND_SHIFT) | slot as u64;
-        for q in 0..nqps {
-            let max_inline = self.qps[q].qp().max_inline as usize;
-            let mut k = 0;
-            for &m in &members[..n] {
-                let rq = &self.reqs[m as usize];
-                let (off, len) = qp_chunk(rq.size, nqps, q);
-                if len == 0 {
-                    continue;
-                }
-                self.sges[k] = ibv_sge { addr: rq.data + off as u64, length: len as u32, lkey: rq.lkey };
-                self.wrs[k] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, rq.cts.addr + off as u64, rq.cts.rkey, 1);
-                if len <= max_inline {
-                    self.wrs[k].send_flags |= IBV_SEND_INLINE;
-                }
-                k += 1;
-            }
-            if use_sizes && q == 0 {
-                let off = (slot * SIZES_ENTRY) as u64;
-                self.sges[k] =
-                    ibv_sge { addr: self.sizes_out.addr() + off, length: (n * 8) as u32, lkey: self.sizes_out.mr.lkey() };
-                self.wrs[k] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, self.rem_sizes_addr + off, self.rem_sizes_rkey, 1);
-                if n * 8 <= max_inline {
-                    self.wrs[k].send_flags |= IBV_SEND_INLINE;
-                }
-                k += 1;
-            }
-            let imm = if use_sizes { IMM_SIZES } else { self.reqs[members[0] as usize].size as u32 };
-            if k > 0 {
-                // The last write carries the immediate that completes the receive.
-                self.wrs[k - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-            } else {
-                // Nothing for this QP to write: a zero-length send still consumes its receive.
-                self.wrs[0] = rdma_wr(IBV_WR_SEND_WITH_IMM, wr_id, 0, 0, 0);
-                k = 1;
-            }
-            self.wrs[k - 1].__bindgen_anon_1.imm_data = imm.to_be();
-            self.wrs[k - 1].send_flags |= IBV_SEND_SIGNALED;
-            if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, k) {
-                let e = Error::system(format!(
-                    "{}: ibv_post_send failed: {}",
-                    self.c.where_(self.qps[q].qp().qpn()),
-                    std::io::Error::from_raw_os_error(rc)
-                ));
-                return Err(self.c.die(e));
-            }
-        }
-        self.groups[slot] = members;
-        self.group_n[slot] = n as u8;
-        for &m in &members[..n] {
-            let rq = &mut self.reqs[m as usize];
-            rq.st = St::Posted;
-            rq.pending = nqps as u32;
+    /// Ring slots the receiver has released (its credit word).
+    fn credits_freed(&self) -> u64 {
+        unsafe { std::ptr::read_volatile(self.fifo.buf.ptr().add(FIFO_BYTES) as *const u64) }
+    }
+
+    fn free_slots(&self) -> usize {
+        self.ring.slots.saturating_sub(self.eager_sent.wrapping_sub(self.credits_freed()) as usize)
+    }
+
+    fn post(&mut self, q: usize, k: usize) -> Result<()> {
+        if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, k) {
+            let e = Error::system(format!(
+                "{}: ibv_post_send failed: {}",
+                self.c.where_(self.qps[q].qp().qpn()),
+                std::io::Error::from_raw_os_error(rc)
+            ));
+            return Err(self.c.die(e));
         }
         Ok(())
+    }
+
+    /// One eager write into the receiver's ring: header (+ payload).
+    fn post_eager(&mut self, hdr_slot: usize, h: EagerHdr, data: u64, lkey: u32, wr_id: u64) -> Result<()> {
+        let slot = (self.eager_sent % self.ring.slots as u64) as usize;
+        let hp = unsafe { self.hdrs.buf.ptr().add(hdr_slot * EAGER_HDR) as *mut EagerHdr };
+        unsafe { hp.write(h) };
+        let size = if h.flags & EAGER_DATA != 0 { h.size as usize } else { 0 };
+        self.sges[0] = ibv_sge { addr: hp as u64, length: EAGER_HDR as u32, lkey: self.hdrs.mr.lkey() };
+        self.sges[1] = ibv_sge { addr: data, length: size as u32, lkey };
+        let remote = self.ring.addr + (slot * slot_bytes(self.ring.eager_max)) as u64;
+        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, remote, self.ring.rkey, if size > 0 { 2 } else { 1 });
+        self.wrs[0].sg_list = self.sges.as_mut_ptr();
+        self.wrs[0].__bindgen_anon_1.imm_data = Imm::Eager(slot as u32).encode().to_be();
+        self.wrs[0].send_flags = IBV_SEND_SIGNALED;
+        if EAGER_HDR + size <= self.qps[0].qp().max_inline as usize {
+            self.wrs[0].send_flags |= IBV_SEND_INLINE;
+        }
+        self.wrs[0].next = std::ptr::null_mut();
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        let rc = unsafe { verbs::post_send(self.qps[0].qp().raw(), self.wrs.as_mut_ptr(), &mut bad) };
+        if rc != 0 {
+            let e = Error::system(format!(
+                "{}: ibv_post_send (eager) failed: {}",
+                self.c.where_(self.qps[0].qp().qpn()),
+                std::io::Error::from_raw_os_error(rc)
+            ));
+            return Err(self.c.die(e));
+        }
+        self.eager_sent += 1;
+        Ok(())
+    }
+
+    /// The CTS entry for the send with sequence number `seq`: Ok(Some((slot, entry))) when it has
+    /// arrived, Ok(None) when not yet, Err when the send cannot match any receive.
+    fn find_cts(&mut self, seq: u32, size: usize, tag: i32) -> Result<Option<(usize, usize)>> {
+        loop {
+            let slot = (self.cts_head % FIFO_DEPTH as u64) as usize;
+            let e0 = self.entry(slot, 0);
+            let d = e0.stamp.wrapping_sub((self.cts_head + 1) as u32) as i32;
+            if d < 0 {
+                return Ok(None); // not written yet
+            }
+            if d > 0 {
+                // Overwritten: the receiver moved past that CTS, so its receive completed
+                // without a large send (all its sends went eagerly).
+                self.cts_head += 1;
+                self.cts_used = 0;
+                continue;
+            }
+            let n = e0.n();
+            if n == 0 || n > MAX_RECVS {
+                let e = Error::remote(format!("{}: corrupt clear-to-send entry (n {n})", self.c.where_(0)));
+                return Err(self.c.die(e));
+            }
+            if (1..n).any(|r| self.entry(slot, r).stamp != e0.stamp) {
+                return Ok(None); // the rest of the grouped entry is still arriving
+            }
+            fence(Ordering::Acquire);
+            let off = seq_offset(seq, e0.base);
+            if off >= n as i64 {
+                // A receive whose sends all went eagerly.
+                self.cts_head += 1;
+                self.cts_used = 0;
+                continue;
+            }
+            if off < 0 {
+                // This send belongs to an earlier receive that posted no CTS: all its buffers
+                // are within the eager limit, so a large send cannot fit.
+                let e = Error::usage(format!(
+                    "collective mismatch: a send of {size} bytes with tag {tag} is larger than every buffer of the peer's receive (at most {} bytes, the eager limit); every rank must run the same collectives with the same sizes",
+                    self.ring.eager_max
+                ));
+                self.c.notify_mismatch(Mismatch { send_size: size as u64, recv_size: self.ring.eager_max as u64, tag });
+                return Err(self.c.die(e));
+            }
+            let Some(r) = (0..n).find(|&r| self.cts_used & (1 << r) == 0 && self.entry(slot, r).tag == tag) else {
+                let tags: Vec<i32> = (0..n).map(|r| self.entry(slot, r).tag).collect();
+                let e = Error::usage(format!(
+                    "collective mismatch: a send with tag {tag} does not match the peer's posted receive (tags {tags:?})"
+                ));
+                return Err(self.c.die(e));
+            };
+            return Ok(Some((slot, r)));
+        }
     }
 
     fn progress(&mut self) -> Result<bool> {
@@ -426,71 +522,104 @@ impl VerbsSend {
                 continue;
             }
             if wc.wr_id >> KIND_SHIFT == KIND_SEND {
-                let slot = (wc.wr_id & 0xffff_ffff) as usize % FIFO_DEPTH;
-                let g = self.groups[slot];
-                for &m in &g[..self.group_n[slot] as usize] {
-                    let rq = &mut self.reqs[m as usize];
-                    rq.pending = rq.pending.saturating_sub(1);
+                if let Some(r) = self.reqs.get_mut((wc.wr_id & 0xffff) as usize) {
+                    r.pending = r.pending.saturating_sub(1);
                 }
             }
         }
         self.c.check()?;
         Ok(n > 0)
     }
+
+    fn back_pressure(&mut self) -> Result<Option<u32>> {
+        let outstanding = SEND_REQS - self.free.len();
+        if !self.progress()? {
+            self.c.idle(outstanding)?;
+        }
+        Ok(None)
+    }
 }
 
 impl Conn for VerbsSend {
     fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo) -> Result<Option<u32>> {
         self.c.check()?;
-        let slot = (self.head % FIFO_DEPTH as u64) as usize;
-        let seq = (self.head + 1) as u32;
-        let e0 = self.entry(slot, 0);
-        if e0.seq != seq {
-            let outstanding = SEND_REQS - self.free.len();
-            self.progress()?;
-            self.c.idle(outstanding)?;
-            return Ok(None);
+        let lkey = if size > 0 { mr_for(mr, data as usize, size, dev_id(self.c.port), 0, "isend")?.lkey } else { 0 };
+        if self.free.is_empty() {
+            return self.back_pressure();
         }
-        let n = e0.nreqs as usize;
-        if n == 0 || n > MAX_RECVS {
-            let e = Error::remote(format!("{}: corrupt clear-to-send entry (nreqs {n})", self.c.where_(0)));
-            return Err(self.c.die(e));
+        let seq = self.seq;
+        if size <= self.ring.eager_max {
+            let avail = self.free_slots();
+            if avail == 0 {
+                return self.back_pressure();
+            }
+            let idx = self.free.pop().unwrap();
+            let mut flags = EAGER_DATA;
+            if avail - 1 < self.ring.slots / 2 {
+                flags |= EAGER_URGENT;
+            }
+            let h = EagerHdr { seq, flags, size: size as u64, tag, _pad: [0; 3] };
+            if let Err(e) = self.post_eager(idx as usize, h, data as u64, lkey, (KIND_SEND << KIND_SHIFT) | idx as u64) {
+                self.free.push(idx);
+                return Err(e);
+            }
+            self.reqs[idx as usize] = SendReq { st: St::Posted, pending: 1, size };
+            self.seq = seq.wrapping_add(1);
+            return Ok(Some(idx as u32));
         }
-        if (1..n).any(|r| self.entry(slot, r).seq != seq) {
-            return Ok(None); // the rest of the grouped entry is still arriving
-        }
-        fence(Ordering::Acquire);
-        let Some(r) = (0..n).find(|&r| self.matched[r] == 0 && self.entry(slot, r).tag == tag) else {
-            let tags: Vec<i32> = (0..n).map(|r| self.entry(slot, r).tag).collect();
-            return Err(Error::usage(format!(
-                "collective mismatch: a send with tag {tag} does not match the peer's posted receive (tags {tags:?}, sends already matched {})",
-                self.nmatched
-            )));
+        let Some((slot, r)) = self.find_cts(seq, size, tag)? else {
+            // No CTS yet: say once that this large send is waiting, so a receive too small for
+            // it is reported instead of waited for.
+            if self.rts_for != Some(seq) && self.free_slots() > 0 {
+                let hdr_slot = SEND_REQS + (seq as usize % RTS_HDRS);
+                let h = EagerHdr { seq, flags: EAGER_RTS | EAGER_URGENT, size: size as u64, tag, _pad: [0; 3] };
+                self.post_eager(hdr_slot, h, 0, 0, KIND_CTRL << KIND_SHIFT)?;
+                self.rts_for = Some(seq);
+            }
+            return self.back_pressure();
         };
         let cts = self.entry(slot, r);
-        if size as u64 > cts.size {
+        if size as u64 > cts.size() {
             let e = Error::usage(format!(
                 "collective mismatch: a send of {size} bytes with tag {tag} is larger than the peer's receive of {} bytes; every rank must run the same collectives with the same sizes",
-                cts.size
+                cts.size()
             ));
-            self.c.notify_mismatch(Mismatch { send_size: size as u64, recv_size: cts.size, tag });
+            self.c.notify_mismatch(Mismatch { send_size: size as u64, recv_size: cts.size(), tag });
             return Err(self.c.die(e));
         }
-        let lkey = if size > 0 {
-            mr_for(mr, data as usize, size, dev_id(self.c.port), 0, "isend")?.lkey
-        } else {
-            0
-        };
-        let Some(idx) = self.free.pop() else { return Ok(None) };
-        self.reqs[idx as usize] = SendReq { st: St::Matched, pending: 0, size, data: data as u64, lkey, cts };
-        self.matched[r] = idx + 1;
-        self.nmatched += 1;
-        if self.nmatched == n {
-            self.post_group(slot, n)?;
-            self.matched = [0; MAX_RECVS];
-            self.nmatched = 0;
-            self.head += 1;
+        let idx = self.free.pop().unwrap();
+        let nqps = self.qps.len();
+        let wr_id = (KIND_SEND << KIND_SHIFT) | idx as u64;
+        let imm = Imm::Rdv { slot: slot as u32, entry: r as u32 }.encode().to_be();
+        let sizes_off = ((slot * SIZES_ENTRY) + r * 8) as u64;
+        unsafe { (self.sizes_out.buf.ptr().add(sizes_off as usize) as *mut u64).write(size as u64) };
+        for q in 0..nqps {
+            let (off, len) = qp_chunk(size, nqps, q);
+            let mut k = 0;
+            if len > 0 {
+                self.sges[k] = ibv_sge { addr: data as u64 + off as u64, length: len as u32, lkey };
+                self.wrs[k] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, cts.addr + off as u64, cts.rkey, 1);
+                k += 1;
+            }
+            if q == 0 {
+                // The size, then the immediate that completes this QP's part.
+                self.sges[k] = ibv_sge { addr: self.sizes_out.addr() + sizes_off, length: 8, lkey: self.sizes_out.mr.lkey() };
+                self.wrs[k] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, self.rem_sizes_addr + sizes_off, self.rem_sizes_rkey, 1);
+                self.wrs[k].send_flags |= IBV_SEND_INLINE;
+                k += 1;
+            } else if k > 0 {
+                self.wrs[k - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+            } else {
+                self.wrs[0] = rdma_wr(IBV_WR_SEND_WITH_IMM, wr_id, 0, 0, 0);
+                k = 1;
+            }
+            self.wrs[k - 1].__bindgen_anon_1.imm_data = imm;
+            self.wrs[k - 1].send_flags |= IBV_SEND_SIGNALED;
+            self.post(q, k)?;
         }
+        self.reqs[idx as usize] = SendReq { st: St::Posted, pending: nqps as u32, size };
+        self.cts_used |= 1 << r;
+        self.seq = seq.wrapping_add(1);
         Ok(Some(idx as u32))
     }
 
@@ -500,11 +629,11 @@ impl Conn for VerbsSend {
             return Err(Error::internal(format!("test on send request {slot}, which is not in flight")));
         }
         let mut moved = false;
-        if self.reqs[i].st != St::Posted || self.reqs[i].pending > 0 {
+        if self.reqs[i].pending > 0 {
             moved = self.progress()?;
         }
         let r = self.reqs[i];
-        if r.st == St::Posted && r.pending == 0 {
+        if r.pending == 0 {
             sizes[0] = r.size;
             self.reqs[i].st = St::Free;
             self.free.push(slot as u16);
@@ -523,14 +652,29 @@ impl Conn for VerbsSend {
 
 // ---------------------------------------------------------------------------------------------
 
+#[derive(Clone, Copy, Default)]
+struct Entry {
+    buf: u64,
+    size: u64,
+    tag: i32,
+    done: bool,
+    /// Matched by a send (eager data, or a rendezvous whose parts are arriving).
+    taken: bool,
+    got: u64,
+    /// Rendezvous parts (one per QP) arrived.
+    parts: u16,
+}
+
 #[derive(Clone, Copy)]
 struct RecvReq {
     st: St,
     flush: bool,
-    pending: u32,
     n: u8,
-    slot: u16,
-    imm: u32,
+    /// Buffers not yet filled.
+    left: u8,
+    /// Sequence number of this receive's first send.
+    base: u32,
+    entries: [Entry; MAX_RECVS],
 }
 
 pub struct VerbsRecv {
@@ -539,16 +683,36 @@ pub struct VerbsRecv {
     cq: Cq,
     /// CTS entries staged for the RDMA write into the sender's FIFO.
     cts_out: RegBuf,
-    /// Sizes of grouped receives, written by the sender.
+    /// Sizes of rendezvous sends, written by the sender.
     sizes_in: RegBuf,
-    /// Where flush reads land.
+    /// The eager ring the sender writes into.
+    ring: RegBuf,
+    ring_slots: usize,
+    slot_bytes: usize,
+    eager_max: usize,
+    /// Where flush reads land; also the source of credit writes.
     scratch: RegBuf,
     rem_fifo_addr: u64,
     rem_fifo_rkey: u32,
-    tail: u64,
+    /// Sequence number of the next receive's first send.
+    next_base: u32,
+    /// CTS entries written so far.
+    cts_tail: u64,
+    /// The receive each CTS slot belongs to.
+    cts_owner: Box<[u16]>,
+    /// Eager slots arrived (in order) and consumed; credits reported to the sender.
+    ring_arrived: u64,
+    ring_done: u64,
+    credits_sent: u64,
+    credit_urgent: bool,
+    /// Receives posted and not yet reported done, oldest first.
+    order: VecDeque<u16>,
     reqs: Box<[RecvReq]>,
     free: Vec<u16>,
     free_flush: Vec<u16>,
+    /// Receives consumed per QP since the last repost.
+    consumed: [u32; crate::proto::verbs::MAX_QPS],
+    unsignaled: [u32; crate::proto::verbs::MAX_QPS],
     wrs: [ibv_send_wr; 1],
     sges: [ibv_sge; 1],
     flush_disabled: bool,
@@ -566,11 +730,13 @@ impl VerbsRecv {
         cq: Cq,
         cts_out: RegBuf,
         sizes_in: RegBuf,
+        ring: RegBuf,
+        eager_max: usize,
         scratch: RegBuf,
         rem_fifo: (u64, u32),
         flush_disabled: bool,
     ) -> VerbsRecv {
-        let empty = RecvReq { st: St::Free, flush: false, pending: 0, n: 0, slot: 0, imm: 0 };
+        let empty = RecvReq { st: St::Free, flush: false, n: 0, left: 0, base: 0, entries: [Entry::default(); MAX_RECVS] };
         let mut free = Vec::with_capacity(RECV_REQS);
         free.extend((0..RECV_REQS as u16).rev());
         let mut free_flush = Vec::with_capacity(FLUSH_REQS);
@@ -581,18 +747,149 @@ impl VerbsRecv {
             cq,
             cts_out,
             sizes_in,
+            ring,
+            ring_slots: RING_SLOTS,
+            slot_bytes: slot_bytes(eager_max),
+            eager_max,
             scratch,
             rem_fifo_addr: rem_fifo.0,
             rem_fifo_rkey: rem_fifo.1,
-            tail: 0,
+            next_base: 0,
+            cts_tail: 0,
+            cts_owner: vec![0u16; FIFO_DEPTH].into_boxed_slice(),
+            ring_arrived: 0,
+            ring_done: 0,
+            credits_sent: 0,
+            credit_urgent: false,
+            order: VecDeque::with_capacity(RECV_REQS),
             reqs: vec![empty; RECV_REQS + FLUSH_REQS].into_boxed_slice(),
             free,
             free_flush,
+            consumed: [0; crate::proto::verbs::MAX_QPS],
+            unsignaled: [0; crate::proto::verbs::MAX_QPS],
             wrs: unsafe { std::mem::zeroed() },
             sges: unsafe { std::mem::zeroed() },
             flush_disabled,
             c,
         }
+    }
+
+    /// Post one RDMA WRITE of our memory `[src, src+len)` (lkey) to the sender's FIFO memory.
+    fn post_ctrl(&mut self, q: usize, src: u64, lkey: u32, len: usize, remote: u64) -> Result<()> {
+        self.sges[0] = ibv_sge { addr: src, length: len as u32, lkey };
+        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, KIND_CTRL << KIND_SHIFT, remote, self.rem_fifo_rkey, 1);
+        if len <= self.qps[q].qp().max_inline as usize {
+            self.wrs[0].send_flags |= IBV_SEND_INLINE;
+        }
+        self.unsignaled[q] += 1;
+        if self.unsignaled[q] >= SIGNAL_EVERY {
+            self.wrs[0].send_flags |= IBV_SEND_SIGNALED;
+            self.unsignaled[q] = 0;
+        }
+        if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
+            let e = Error::system(format!(
+                "{}: posting a control write failed: {}",
+                self.c.where_(self.qps[q].qp().qpn()),
+                std::io::Error::from_raw_os_error(rc)
+            ));
+            return Err(self.c.die(e));
+        }
+        Ok(())
+    }
+
+    /// The receive whose sends include sequence number `seq`.
+    fn owner_of(&self, seq: u32) -> Option<u16> {
+        self.order.iter().copied().find(|&i| {
+            let r = &self.reqs[i as usize];
+            (0..r.n as i64).contains(&seq_offset(seq, r.base))
+        })
+    }
+
+    fn mismatch(&mut self, send: u64, recv: u64, tag: i32) -> Error {
+        self.c.notify_mismatch(Mismatch { send_size: send, recv_size: recv, tag });
+        let e = Error::usage(format!(
+            "collective mismatch: the peer {} sent {send} bytes with tag {tag} but the posted receive holds only {recv} bytes; every rank must run the same collectives with the same sizes",
+            self.c.peer
+        ));
+        self.c.die(e)
+    }
+
+    /// Consume arrived eager slots, in order, as far as posted receives allow.
+    fn drain_ring(&mut self) -> Result<()> {
+        while self.ring_done < self.ring_arrived {
+            let slot = (self.ring_done % self.ring_slots as u64) as usize;
+            let p = unsafe { self.ring.buf.ptr().add(slot * self.slot_bytes) };
+            let h = unsafe { std::ptr::read_volatile(p as *const EagerHdr) };
+            let Some(owner) = self.owner_of(h.seq) else {
+                if seq_offset(h.seq, self.next_base) >= 0 {
+                    break; // its receive is not posted yet: keep it (and everything after it)
+                }
+                let e = Error::remote(format!("{}: an eager message for an already completed receive (seq {})", self.c.where_(0), h.seq));
+                return Err(self.c.die(e));
+            };
+            let rq = &mut self.reqs[owner as usize];
+            let n = rq.n as usize;
+            // An announcement may be read after its rendezvous data already landed (the two
+            // travel independently), so it matches a taken buffer too; data never does.
+            let rts = h.flags & EAGER_DATA == 0;
+            let Some(r) = (0..n).find(|&r| (rts || !rq.entries[r].taken) && rq.entries[r].tag == h.tag) else {
+                let tags: Vec<i32> = (0..n).map(|r| rq.entries[r].tag).collect();
+                let e = Error::usage(format!(
+                    "collective mismatch: the peer {} sent a message with tag {} that matches none of the posted receive's tags {tags:?}",
+                    self.c.peer, h.tag
+                ));
+                return Err(self.c.die(e));
+            };
+            let en = rq.entries[r];
+            if h.size > en.size {
+                return Err(self.mismatch(h.size, en.size, h.tag));
+            }
+            if h.flags & EAGER_DATA != 0 {
+                if h.size > self.eager_max as u64 {
+                    let e = Error::remote(format!("{}: corrupt eager header (size {})", self.c.where_(0), h.size));
+                    return Err(self.c.die(e));
+                }
+                if h.size > 0 {
+                    unsafe { std::ptr::copy_nonoverlapping(p.add(EAGER_HDR), en.buf as *mut u8, h.size as usize) };
+                }
+                let rq = &mut self.reqs[owner as usize];
+                rq.entries[r].taken = true;
+                rq.entries[r].done = true;
+                rq.entries[r].got = h.size;
+                rq.left -= 1;
+            }
+            // EAGER_RTS: the size fits; the data follows by rendezvous.
+            if h.flags & EAGER_URGENT != 0 {
+                self.credit_urgent = true;
+            }
+            self.ring_done += 1;
+        }
+        // Credits: in batches, or at once when the sender runs low.
+        let unreported = self.ring_done - self.credits_sent;
+        if unreported > 0 && (self.credit_urgent || unreported >= self.ring_slots as u64 / 2) {
+            let w = self.scratch.buf.ptr() as *mut u64;
+            unsafe { w.add(1).write(self.ring_done) };
+            let (src, lkey) = (self.scratch.addr() + 8, self.scratch.mr.lkey());
+            self.post_ctrl(0, src, lkey, 8, self.rem_fifo_addr + FIFO_BYTES as u64)?;
+            self.credits_sent = self.ring_done;
+            self.credit_urgent = false;
+        }
+        Ok(())
+    }
+
+    fn on_rdv(&mut self, slot: u32, entry: u32) -> Result<()> {
+        let owner = self.cts_owner[slot as usize % FIFO_DEPTH] as usize;
+        let nqps = self.qps.len() as u16;
+        let e = &mut self.reqs[owner].entries[entry as usize % MAX_RECVS];
+        e.taken = true;
+        e.parts += 1;
+        if e.parts == nqps {
+            let p = unsafe { (self.sizes_in.buf.ptr() as *const u64).add(slot as usize * MAX_RECVS + entry as usize) };
+            e.got = unsafe { std::ptr::read_volatile(p) };
+            e.done = true;
+            self.reqs[owner].left -= 1;
+        }
+        Ok(())
     }
 
     fn progress(&mut self) -> Result<bool> {
@@ -607,16 +904,41 @@ impl VerbsRecv {
                 self.c.die(e);
                 continue;
             }
-            let kind = wc.wr_id >> KIND_SHIFT;
-            if kind == KIND_RECV || kind == KIND_FLUSH {
-                let Some(r) = self.reqs.get_mut((wc.wr_id & 0xffff_ffff) as usize) else { continue };
-                r.pending = r.pending.saturating_sub(1);
-                if kind == KIND_RECV {
-                    r.imm = u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data });
+            match wc.wr_id >> KIND_SHIFT {
+                KIND_RECV => {
+                    if let Some(q) = self.qps.iter().position(|q| q.qp().qpn() == wc.qp_num) {
+                        self.consumed[q] += 1;
+                    }
+                    match Imm::decode(u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })) {
+                        Imm::Eager(_) => self.ring_arrived += 1,
+                        Imm::Rdv { slot, entry } => self.on_rdv(slot, entry)?,
+                    }
                 }
+                KIND_FLUSH => {
+                    if let Some(r) = self.reqs.get_mut((wc.wr_id & 0xffff) as usize) {
+                        r.left = 0;
+                    }
+                }
+                _ => {}
             }
         }
         self.c.check()?;
+        for q in 0..self.qps.len() {
+            if self.consumed[q] >= RECV_QP_RQ / 4 {
+                if let Err(rc) = post_recvs(&self.qps[q], self.consumed[q]) {
+                    let e = Error::system(format!(
+                        "{}: ibv_post_recv failed: {}",
+                        self.c.where_(self.qps[q].qp().qpn()),
+                        std::io::Error::from_raw_os_error(rc)
+                    ));
+                    return Err(self.c.die(e));
+                }
+                self.consumed[q] = 0;
+            }
+        }
+        if n > 0 {
+            self.drain_ring()?;
+        }
         Ok(n > 0)
     }
 
@@ -630,68 +952,42 @@ impl Conn for VerbsRecv {
         self.c.check()?;
         let n = bufs.len();
         let dev = dev_id(self.c.port);
+        let mut entries = [Entry::default(); MAX_RECVS];
         let mut keys = [0u32; MAX_RECVS];
+        let mut large = false;
         for (i, b) in bufs.iter().enumerate() {
             if b.size > 0 {
                 keys[i] = mr_for(b.mr, b.ptr as usize, b.size, dev, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkey;
             }
+            large |= b.size > self.eager_max;
+            entries[i] = Entry { buf: b.ptr as u64, size: b.size as u64, tag: b.tag, ..Default::default() };
         }
         let Some(idx) = self.free.pop() else { return Ok(None) };
-        for q in 0..self.qps.len() {
-            let mut wr = ibv_recv_wr {
-                wr_id: (KIND_RECV << KIND_SHIFT) | idx as u64,
-                next: std::ptr::null_mut(),
-                sg_list: std::ptr::null_mut(),
-                num_sge: 0,
-            };
-            let mut bad = std::ptr::null_mut();
-            let rc = unsafe { verbs::post_recv(self.qps[q].qp().raw(), &mut wr, &mut bad) };
-            if rc != 0 {
-                let e = Error::system(format!(
-                    "{}: ibv_post_recv failed: {}",
-                    self.c.where_(self.qps[q].qp().qpn()),
-                    std::io::Error::from_raw_os_error(rc)
-                ));
-                return Err(self.c.die(e));
+        let base = self.next_base;
+        if large {
+            let slot = (self.cts_tail % FIFO_DEPTH as u64) as usize;
+            let stamp = (self.cts_tail + 1) as u32;
+            let out = unsafe { (self.cts_out.buf.ptr() as *mut Cts).add(slot * MAX_RECVS) };
+            for (i, b) in bufs.iter().enumerate() {
+                let e = Cts::new(b.ptr as u64, b.size as u64, keys[i], b.tag, n, base, stamp);
+                unsafe { out.add(i).write(e) };
             }
+            let q = (self.cts_tail % self.qps.len() as u64) as usize;
+            let len = n * std::mem::size_of::<Cts>();
+            let off = (slot * MAX_RECVS * std::mem::size_of::<Cts>()) as u64;
+            let (src, lkey) = (self.cts_out.addr() + off, self.cts_out.mr.lkey());
+            if let Err(e) = self.post_ctrl(q, src, lkey, len, self.rem_fifo_addr + off) {
+                self.free.push(idx);
+                return Err(e);
+            }
+            self.cts_owner[slot] = idx;
+            self.cts_tail += 1;
         }
-        let slot = (self.tail % FIFO_DEPTH as u64) as usize;
-        let seq = (self.tail + 1) as u32;
-        let out = unsafe { (self.cts_out.buf.ptr() as *mut Cts).add(slot * MAX_RECVS) };
-        for (i, b) in bufs.iter().enumerate() {
-            let e = Cts {
-                addr: b.ptr as u64,
-                size: b.size as u64,
-                rkey: keys[i],
-                tag: b.tag,
-                nreqs: n as u16,
-                _pad: 0,
-                seq,
-            };
-            unsafe { out.add(i).write(e) };
-        }
-        let q = (self.tail % self.qps.len() as u64) as usize;
-        let len = n * std::mem::size_of::<Cts>();
-        let off = (slot * MAX_RECVS * std::mem::size_of::<Cts>()) as u64;
-        self.sges[0] = ibv_sge { addr: self.cts_out.addr() + off, length: len as u32, lkey: self.cts_out.mr.lkey() };
-        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, KIND_CTS << KIND_SHIFT, self.rem_fifo_addr + off, self.rem_fifo_rkey, 1);
-        if len <= self.qps[q].qp().max_inline as usize {
-            self.wrs[0].send_flags |= IBV_SEND_INLINE;
-        }
-        if self.tail % CTS_SIGNAL_EVERY == 0 {
-            self.wrs[0].send_flags |= IBV_SEND_SIGNALED;
-        }
-        if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
-            let e = Error::system(format!(
-                "{}: posting a clear-to-send failed: {}",
-                self.c.where_(self.qps[q].qp().qpn()),
-                std::io::Error::from_raw_os_error(rc)
-            ));
-            return Err(self.c.die(e));
-        }
-        self.tail += 1;
-        self.reqs[idx as usize] =
-            RecvReq { st: St::Posted, flush: false, pending: self.qps.len() as u32, n: n as u8, slot: slot as u16, imm: 0 };
+        self.reqs[idx as usize] = RecvReq { st: St::Posted, flush: false, n: n as u8, left: n as u8, base, entries };
+        self.next_base = base.wrapping_add(n as u32);
+        self.order.push_back(idx);
+        // Eager messages that arrived before this receive.
+        self.drain_ring()?;
         Ok(Some(idx as u32))
     }
 
@@ -717,7 +1013,8 @@ impl Conn for VerbsRecv {
             ));
             return Err(self.c.die(e));
         }
-        self.reqs[idx as usize] = RecvReq { st: St::Posted, flush: true, pending: 1, n: 0, slot: 0, imm: 0 };
+        self.reqs[idx as usize] =
+            RecvReq { st: St::Posted, flush: true, n: 0, left: 1, base: 0, entries: [Entry::default(); MAX_RECVS] };
         Ok(Some(idx as u32))
     }
 
@@ -727,25 +1024,22 @@ impl Conn for VerbsRecv {
             return Err(Error::internal(format!("test on receive request {slot}, which is not in flight")));
         }
         let mut moved = false;
-        if self.reqs[i].pending > 0 {
+        if self.reqs[i].left > 0 {
             moved = self.progress()?;
         }
         let r = self.reqs[i];
-        if r.pending == 0 {
+        if r.left == 0 {
             self.reqs[i].st = St::Free;
             if r.flush {
                 self.free_flush.push(slot as u16);
                 return Ok(Some(0));
             }
             let n = r.n as usize;
-            if r.imm == IMM_SIZES {
-                let p = unsafe { (self.sizes_in.buf.ptr() as *const u64).add(r.slot as usize * MAX_RECVS) };
-                fence(Ordering::Acquire);
-                for (k, s) in sizes.iter_mut().enumerate().take(n) {
-                    *s = unsafe { std::ptr::read_volatile(p.add(k)) } as usize;
-                }
-            } else {
-                sizes[0] = r.imm as usize;
+            for (k, s) in sizes.iter_mut().enumerate().take(n) {
+                *s = r.entries[k].got as usize;
+            }
+            if let Some(pos) = self.order.iter().position(|&x| x == slot as u16) {
+                self.order.remove(pos);
             }
             self.free.push(slot as u16);
             return Ok(Some(n));

@@ -14,12 +14,12 @@ pub mod select;
 
 use crate::config;
 use crate::error::{Error, Result};
-use crate::proto::verbs::{Cts, Meta, FIFO_DEPTH, MAX_QPS, META_SIZE, SIZES_ENTRY};
+use crate::proto::verbs::{Meta, FIFO_BYTES, FIFO_DEPTH, MAX_QPS, META_SIZE, SIZES_ENTRY};
 use crate::sys::ib::*;
 use crate::transport::socket::sock::{self, Io};
 use crate::transport::socket::Link;
-use crate::transport::{Conn, MAX_RECVS};
-use conn::{Common, VerbsRecv, VerbsSend};
+use crate::transport::Conn;
+use conn::{Common, Ring, VerbsRecv, VerbsSend};
 use dev::{mtu_bytes, IbPort};
 use res::{Cq, PathParams, QpCaps, QpInit, QpRts, RegBuf, RemoteQp};
 use std::net::SocketAddr;
@@ -30,8 +30,8 @@ const READY: u8 = 0x52;
 
 /// Local resources of a connection before its QPs are connected.
 enum Local {
-    Send { qps: Vec<QpInit>, cq: Cq, fifo: RegBuf, sizes_out: RegBuf },
-    Recv { qps: Vec<QpInit>, flush: Option<QpInit>, cq: Cq, cts_out: RegBuf, sizes_in: RegBuf, scratch: RegBuf },
+    Send { qps: Vec<QpInit>, cq: Cq, fifo: RegBuf, sizes_out: RegBuf, hdrs: RegBuf },
+    Recv { qps: Vec<QpInit>, flush: Option<QpInit>, cq: Cq, cts_out: RegBuf, sizes_in: RegBuf, ring: RegBuf, scratch: RegBuf },
 }
 
 enum Step {
@@ -68,12 +68,8 @@ pub struct Setup {
 
 unsafe impl Send for Setup {}
 
-fn fifo_bytes() -> usize {
-    FIFO_DEPTH * MAX_RECVS * std::mem::size_of::<Cts>()
-}
-
 fn caps(send_wr: u32, recv_wr: u32, inline: u32) -> QpCaps {
-    QpCaps { send_wr, recv_wr, send_sge: 1, inline }
+    QpCaps { send_wr, recv_wr, send_sge: 2, inline }
 }
 
 impl Setup {
@@ -127,11 +123,13 @@ impl Setup {
             let qps = (0..nq)
                 .map(|_| QpInit::new(p, &cq, caps(conn::SEND_QP_SQ, 1, 256), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
                 .collect::<Result<Vec<_>>>()?;
-            let fifo = RegBuf::new(dev, fifo_bytes(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
+            // The CTS FIFO and, after it, the credit word the receiver updates.
+            let fifo = RegBuf::new(dev, FIFO_BYTES + 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
             let sizes_out = RegBuf::new(dev, FIFO_DEPTH * SIZES_ENTRY, 0)?;
+            let hdrs = RegBuf::new(dev, conn::HDRS_BYTES, 0)?;
             let (a, k) = (fifo.addr(), fifo.mr.rkey());
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
-            (Local::Send { qps, cq, fifo, sizes_out }, a, k, qpns)
+            (Local::Send { qps, cq, fifo, sizes_out, hdrs }, a, k, qpns)
         } else {
             let cq = Cq::new(dev, (nq * (conn::RECV_QP_SQ + conn::RECV_QP_RQ) + conn::FLUSH_QP_SQ + 1) as usize)?;
             let qps = (0..nq)
@@ -144,12 +142,21 @@ impl Setup {
                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
                 cfg.ib_pkey,
             )?;
-            let cts_out = RegBuf::new(dev, fifo_bytes(), 0)?;
+            let cts_out = RegBuf::new(dev, FIFO_BYTES, 0)?;
             let sizes_in = RegBuf::new(dev, FIFO_DEPTH * SIZES_ENTRY, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
+            let ring = RegBuf::new(
+                dev,
+                conn::RING_SLOTS * conn::slot_bytes(cfg.ib_eager_max),
+                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+            )?;
             let scratch = RegBuf::new(dev, 64, IBV_ACCESS_LOCAL_WRITE)?;
             let (a, k) = (sizes_in.addr(), sizes_in.mr.rkey());
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
-            (Local::Recv { qps, flush: Some(flush), cq, cts_out, sizes_in, scratch }, a, k, qpns)
+            (Local::Recv { qps, flush: Some(flush), cq, cts_out, sizes_in, ring, scratch }, a, k, qpns)
+        };
+        let (ring_addr, ring_rkey, ring_slots, eager_max) = match &local {
+            Local::Recv { ring, .. } => (ring.addr(), ring.mr.rkey(), conn::RING_SLOTS as u16, cfg.ib_eager_max as u32),
+            Local::Send { .. } => (0, 0, 0, 0),
         };
         let m = Meta {
             nqps: self.nqps as u8,
@@ -164,6 +171,10 @@ impl Setup {
             fifo_rkey,
             dev_name: dev.name.clone(),
             qpns,
+            ring_addr,
+            ring_rkey,
+            ring_slots,
+            eager_max,
         };
         self.out = m.encode();
         self.local = Some(local);
@@ -207,6 +218,9 @@ impl Setup {
                 self.peer, m.nqps, self.nqps
             )));
         }
+        if self.send && (m.ring_slots == 0 || m.ring_addr == 0) {
+            return Err(Error::remote(format!("RDMA setup with {}: the receiver announced no eager ring", self.peer)));
+        }
         Ok(Some(m))
     }
 
@@ -242,6 +256,20 @@ impl Setup {
         for (q, &qpn) in qps.into_iter().zip(m.qpns.iter()) {
             let remote = RemoteQp { qpn, lid: m.lid, gid: m.gid, mtu: m.mtu as u32, global: p.is_roce() || m.lid == 0 };
             rts.push(q.rtr(p, &remote, &params)?.rts(p, &params)?);
+        }
+        if !self.send {
+            // Every completion the sender may trigger needs a posted receive: post them before
+            // the sender learns our QPNs.
+            for q in &rts {
+                conn::post_recvs(q, conn::RECV_QP_RQ).map_err(|rc| {
+                    Error::system(format!(
+                        "{}:{}: ibv_post_recv failed: {}",
+                        p.dev.name,
+                        p.port,
+                        std::io::Error::from_raw_os_error(rc)
+                    ))
+                })?;
+            }
         }
         let flush = match flush {
             Some(f) => {
@@ -342,16 +370,19 @@ impl Setup {
         qpns.extend(flush.as_ref().map(|f| f.qp().qpn()));
         let c = Common::new(p, self.peer, fd, &qpns);
         match self.local.take().unwrap() {
-            Local::Send { cq, fifo, sizes_out, .. } => {
-                Box::new(VerbsSend::new(c, qps, cq, fifo, sizes_out, (m.fifo_addr, m.fifo_rkey)))
+            Local::Send { cq, fifo, sizes_out, hdrs, .. } => {
+                let ring = Ring { addr: m.ring_addr, rkey: m.ring_rkey, slots: m.ring_slots as usize, eager_max: m.eager_max as usize };
+                Box::new(VerbsSend::new(c, qps, cq, fifo, sizes_out, hdrs, (m.fifo_addr, m.fifo_rkey), ring))
             }
-            Local::Recv { cq, cts_out, sizes_in, scratch, .. } => Box::new(VerbsRecv::new(
+            Local::Recv { cq, cts_out, sizes_in, ring, scratch, .. } => Box::new(VerbsRecv::new(
                 c,
                 qps,
                 flush.unwrap(),
                 cq,
                 cts_out,
                 sizes_in,
+                ring,
+                cfg.ib_eager_max,
                 scratch,
                 (m.fifo_addr, m.fifo_rkey),
                 cfg.gdr_flush_disable,
