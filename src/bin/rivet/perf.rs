@@ -62,19 +62,26 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: 
     ));
 
     // Latency: rank 0 sends 8 bytes, rank 1 echoes them. Each side keeps its next receive posted
-    // ahead (as NCCL does), so a clear-to-send is never on the critical path.
+    // ahead (as NCCL does), so a clear-to-send is never on the critical path. Rank 0 times every
+    // round trip with the cycle counter (as perftest does: reading the clock can be a system call
+    // in a VM) and reports the median ("typical") and the mean, halved.
     let sp = small.as_mut_ptr();
     let warm = 100.min(o.lat_iters);
-    let mut t0 = Instant::now();
+    let mut rtts: Vec<u64> = Vec::with_capacity(o.lat_iters);
+    let (mut t0, mut c0) = (Instant::now(), cycles());
     let mut rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
     for i in 0..warm + o.lat_iters {
         if i == warm {
-            t0 = Instant::now();
+            (t0, c0) = (Instant::now(), cycles());
         }
         let last = i + 1 == warm + o.lat_iters;
         if rank == 0 {
+            let start = cycles();
             let sr = net.isend(r.send, sp, 8, 0, mh_small_s)?;
             r.wait_all(&[rr])?;
+            if i >= warm {
+                rtts.push(cycles().wrapping_sub(start));
+            }
             if !last {
                 rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
             }
@@ -88,8 +95,13 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: 
             r.wait_all(&[sr])?;
         }
     }
-    let lat = t0.elapsed().as_secs_f64() * 1e6 / o.lat_iters.max(1) as f64 / 2.0;
-    r.out(&format!("# latency (8 B ping-pong, one way): {lat:.2} us"));
+    if rank == 0 && !rtts.is_empty() {
+        let us_per_cycle = t0.elapsed().as_secs_f64() * 1e6 / cycles().wrapping_sub(c0).max(1) as f64;
+        rtts.sort_unstable();
+        let typical = rtts[rtts.len() / 2] as f64 * us_per_cycle / 2.0;
+        let mean = rtts.iter().sum::<u64>() as f64 / rtts.len() as f64 * us_per_cycle / 2.0;
+        r.out(&format!("# latency (8 B ping-pong, one way): typical {typical:.2} us, average {mean:.2} us"));
+    }
     r.out(&format!("#{:>12} {:>8} {:>12} {:>10}", "size(B)", "iters", "time(us)", "GB/s"));
 
     // Bandwidth: rank 0 streams `iters` messages with `window` in flight; rank 1 receives them and
@@ -124,4 +136,17 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: 
         net.dereg(c, m)?;
     }
     Ok(0)
+}
+
+/// A cheap, monotonic cycle count (the TSC on x86_64; nanoseconds elsewhere).
+fn cycles() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        T0.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
 }
