@@ -362,6 +362,8 @@ pub struct VerbsSend {
     cts_used: u8,
     /// A large send announced with a header-only eager message (its sequence number).
     rts_for: Option<u32>,
+    /// Eager writes posted unsignaled since the last signaled one.
+    unsignaled: u32,
     reqs: Box<[SendReq]>,
     free: Vec<u16>,
     wrs: [ibv_send_wr; 3],
@@ -400,6 +402,7 @@ impl VerbsSend {
             cts_head: 0,
             cts_used: 0,
             rts_for: None,
+            unsignaled: 0,
             reqs: vec![empty; SEND_REQS].into_boxed_slice(),
             free,
             wrs: unsafe { std::mem::zeroed() },
@@ -434,8 +437,9 @@ impl VerbsSend {
         Ok(())
     }
 
-    /// One eager write into the receiver's ring: header (+ payload).
-    fn post_eager(&mut self, hdr_slot: usize, h: EagerHdr, data: u64, lkey: u32, wr_id: u64) -> Result<()> {
+    /// One eager write into the receiver's ring: header (+ payload). Returns whether it went
+    /// inline and unsignaled: the payload was copied at post time, nothing to wait for.
+    fn post_eager(&mut self, hdr_slot: usize, h: EagerHdr, data: u64, lkey: u32, wr_id: u64) -> Result<bool> {
         let slot = (self.eager_sent % self.ring.slots as u64) as usize;
         let hp = unsafe { self.hdrs.buf.ptr().add(hdr_slot * EAGER_HDR) as *mut EagerHdr };
         unsafe { hp.write(h) };
@@ -446,9 +450,14 @@ impl VerbsSend {
         self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, remote, self.ring.rkey, if size > 0 { 2 } else { 1 });
         self.wrs[0].sg_list = self.sges.as_mut_ptr();
         self.wrs[0].__bindgen_anon_1.imm_data = Imm::Eager(slot as u32).encode().to_be();
-        self.wrs[0].send_flags = IBV_SEND_SIGNALED;
-        if EAGER_HDR + size <= self.qps[0].qp().max_inline as usize {
-            self.wrs[0].send_flags |= IBV_SEND_INLINE;
+        let inline = EAGER_HDR + size <= self.qps[0].qp().max_inline as usize;
+        self.unsignaled += 1;
+        let quiet = inline && self.unsignaled < SIGNAL_EVERY;
+        self.wrs[0].send_flags = if inline { IBV_SEND_INLINE } else { 0 };
+        if !quiet {
+            // A signaled completion also releases the send-queue slots of the quiet ones before.
+            self.wrs[0].send_flags |= IBV_SEND_SIGNALED;
+            self.unsignaled = 0;
         }
         self.wrs[0].next = std::ptr::null_mut();
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
@@ -462,7 +471,7 @@ impl VerbsSend {
             return Err(self.c.die(e));
         }
         self.eager_sent += 1;
-        Ok(())
+        Ok(quiet)
     }
 
     /// The CTS entry for the send with sequence number `seq`: Ok(Some((slot, entry))) when it has
@@ -569,11 +578,15 @@ impl Conn for VerbsSend {
                 flags |= EAGER_URGENT;
             }
             let h = EagerHdr { seq, flags, size: size as u64, tag, _pad: [0; 3] };
-            if let Err(e) = self.post_eager(idx as usize, h, data as u64, lkey, (KIND_SEND << KIND_SHIFT) | idx as u64) {
-                self.free.push(idx);
-                return Err(e);
-            }
-            self.reqs[idx as usize] = SendReq { st: St::Posted, pending: 1, size };
+            let quiet = match self.post_eager(idx as usize, h, data as u64, lkey, (KIND_SEND << KIND_SHIFT) | idx as u64) {
+                Ok(q) => q,
+                Err(e) => {
+                    self.free.push(idx);
+                    return Err(e);
+                }
+            };
+            // An inline send is complete once posted: its bytes are in the work request.
+            self.reqs[idx as usize] = SendReq { st: St::Posted, pending: if quiet { 0 } else { 1 }, size };
             self.seq = seq.wrapping_add(1);
             return Ok(Some(idx as u32));
         }
