@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """rivet over RDMA verbs against perftest on the same Soft-RoCE link, in one VM run.
 
-    python3 ci/bench_verbs.py [--rounds 3] [--mtu 9000]
+    python3 ci/bench_verbs.py [--rounds 5] [--mtu 9000]
 
 Builds the release plugin and CLI, boots the Soft-RoCE VM (ci/vm/run-vm.sh) with the veth MTU
 given (9000: rxe active_mtu 4096) and runs ROUNDS rounds of: ib_write_bw at 64 KiB, 1 MiB and
 16 MiB plus ib_write_lat at 8 bytes (rxe0 -> rxe1), then `rivet perf --dev 0,1` (rank 0 on rxe0
-sends to rank 1 on rxe1) at the same sizes and its 8-byte one-way ping-pong latency. Prints the
+sends to rank 1 on rxe1) at the same sizes and its 8-byte one-way ping-pong latency, each rivet
+measurement right after the perftest one it is compared with. Prints the
 median of each with the ratio rivet / perftest. Emulation is noisy: quote medians, not one run.
 """
 import argparse, os, re, shutil, statistics, subprocess, sys
@@ -16,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mtu", type=int, default=9000)
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)

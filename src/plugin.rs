@@ -216,7 +216,8 @@ pub fn properties(dev: i32) -> Result<Props> {
         speed: d.speed,
         port: d.port,
         latency: 0.0,
-        max_comms: 65536,
+        // RDMA: one comm needs at least one queue pair.
+        max_comms: d.ib.as_ref().map_or(65536, |p| p.dev.max_qp.max(1)),
         max_recvs: MAX_RECVS as i32,
         max_p2p_bytes: NCCL_MAX_NET_SIZE_BYTES,
         max_coll_bytes: MAX_COLLNET_SIZE,

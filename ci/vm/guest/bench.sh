@@ -1,15 +1,27 @@
 #!/bin/sh
-# Benchmark rounds in the guest (run by ci/bench_verbs.py at MTU 9000): each round runs the
-# perftest baseline (/guest/perftest.sh: ib_write_bw 64K/1M/16M, ib_write_lat 8 B, rxe0 -> rxe1)
-# and `rivet perf` over the same devices (rank 0 on rxe0 sends, rank 1 on rxe1 receives).
+# Benchmark rounds in the guest (run by ci/bench_verbs.py at MTU 9000). Each round interleaves,
+# per measurement, perftest and `rivet perf` on the same devices (rxe0 sends, rxe1 receives):
+# ib_write_bw and rivet's streaming bandwidth at 64 KiB, 1 MiB and 16 MiB, then ib_write_lat and
+# rivet's 8-byte ping-pong. Output: PERFTEST ... lines (as /guest/perftest.sh prints them) and
+# RIVET-prefixed `rivet perf` output.
 # Usage: bench.sh ROUNDS
+. /guest/lib.sh
 cd /mnt/host || exit 2
 rounds=${1:-3}
+LIB=/mnt/host/libnccl-net-rivet.so
+G0=${RXE0_GID_INDEX:-1} G1=${RXE1_GID_INDEX:-1}
+rivet() { ./rivet perf --lib $LIB --dev 0,1 "$@" 2>&1 | sed 's/^/RIVET /'; }
 r=1
 while [ $r -le "$rounds" ]; do
   echo "ROUND $r"
-  sh /guest/perftest.sh || exit 1
-  ./rivet perf --lib /mnt/host/libnccl-net-rivet.so --dev 0,1 --sizes 64K,1M,16M --bytes 96M \
-    --lat-iters 1000 --window 8 2>&1 | sed 's/^/RIVET /' || exit 1
+  for s in 65536:1500:96M 1048576:120:120M 16777216:6:128M; do
+    size=${s%%:*} rest=${s#*:}; n=${rest%%:*} bytes=${rest#*:}
+    pt_pair bw ib_write_bw rxe1 $G1 rxe0 $G0 10.0.0.2 -s $size -n $n || exit 1
+    awk -v s=$size '$1 == s && NF >= 5 { printf "PERFTEST write_bw size=%s iters=%s MBps=%s peak_MBps=%s\n", $1, $2, $4, $3; exit }' /tmp/bw.cli
+    rivet --sizes $size --bytes $bytes --lat-iters 10 | grep -v latency || exit 1
+  done
+  pt_pair lat ib_write_lat rxe1 $G1 rxe0 $G0 10.0.0.2 -s 8 -n 1000 || exit 1
+  awk '$1 == 8 && NF >= 8 { printf "PERFTEST write_lat size=8 iters=%s usec_typical=%s usec_avg=%s\n", $2, $5, $6; exit }' /tmp/lat.cli
+  rivet --sizes 8 --bytes 8 --lat-iters 1000 | grep latency || exit 1
   r=$((r + 1))
 done
