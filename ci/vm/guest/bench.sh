@@ -10,6 +10,9 @@ cd /mnt/host || exit 2
 rounds=${1:-3}
 LIB=/mnt/host/libnccl-net-rivet.so
 G0=${RXE0_GID_INDEX:-1} G1=${RXE1_GID_INDEX:-1}
+read -r netmtu < /sys/class/net/veth0/mtu
+ibmtu=$(ibv_devinfo -d rxe0 | awk '/active_mtu:/ { print $2; exit }')
+echo "PERFTEST info netdev_mtu=$netmtu active_mtu=$ibmtu"
 rivet() { ./rivet perf --lib $LIB --dev 0,1 "$@" 2>&1 | sed 's/^/RIVET /'; }
 r=1
 while [ $r -le "$rounds" ]; do
