@@ -240,7 +240,7 @@ pub fn wc_status_hint(s: ibv_wc_status) -> &'static str {
         IBV_WC_REM_INV_REQ_ERR => "the peer rejected the request (message too long for its buffer, or QP misconfigured)",
         IBV_WC_REM_OP_ERR => "the peer could not complete the operation (its queue pair went to the error state)",
         IBV_WC_WR_FLUSH_ERR => "the queue pair was already in the error state (an earlier failure on this connection)",
-        IBV_WC_LOC_QP_OP_ERR => "a local work request was malformed (too many SGEs or inline data too large)",
+        IBV_WC_LOC_QP_OP_ERR => "a local work request could not be executed: malformed (too many SGEs, inline data too large), or the packet could not be transmitted (Soft-RoCE reports a link that went down this way)",
         IBV_WC_FATAL_ERR => "the device reported a fatal error: check dmesg and the NIC's health",
         _ => "see the device's vendor error code and dmesg",
     }

@@ -40,6 +40,21 @@ step faults ./faults --test-threads=1 \
   garbage_from_a_foreign_client wrong_magic truncated_handshake silent_client \
   closing_with_requests_in_flight an_invalid_setting
 step allreduce ./rivet allreduce -n 4 --lib $LIB -b 8 -e 4M -f 8 --iters 3 --warmup 1
+# Last, because it takes the wire down: the link fails mid-transfer. rivet perf must fail within
+# a bounded time (no hang), and the WARNs must say the port went down (an asynchronous event).
+linkdown() {
+  NCCL_IB_TIMEOUT=12 NCCL_IB_RETRY_CNT=3 ./rivet perf --lib $LIB --dev 0,1 --sizes 16M --bytes 4G --lat-iters 10 > /tmp/ld.log 2>&1 &
+  _p=$!
+  sleep 3
+  /usr/bin/ip link set veth0 down
+  _i=0; while kill -0 $_p 2>/dev/null && [ $_i -lt 120 ]; do sleep 0.5; _i=$((_i + 1)); done
+  if kill -0 $_p 2>/dev/null; then echo "rivet perf still running 60 s after the link went down"; kill -9 $_p; cat /tmp/ld.log; return 1; fi
+  wait $_p && { echo "rivet perf succeeded with the link down"; cat /tmp/ld.log; return 1; }
+  cat /tmp/ld.log
+  grep -q "PORT_ERR" /tmp/ld.log || { echo "no WARN names PORT_ERR"; return 1; }
+  grep -q "connection is dead" /tmp/ld.log || { echo "no WARN says the connection failed"; return 1; }
+}
+step linkdown linkdown
 echo "=== summary$results"
 echo "VERBS_FAILED=$failed"
 exit $failed

@@ -188,13 +188,14 @@ impl Common {
             | IBV_WC_REM_ABORT_ERR => Kind::Remote,
             _ => Kind::System,
         };
+        // What the device said about this QP or its port, if anything.
         let mut cause = String::new();
-        if wc.status == IBV_WC_WR_FLUSH_ERR {
-            // What put the QP in the error state, when the device said so.
-            self.port.dev.poll_events();
-            if let Some((_, ev)) = self.port.dev.qp_event(std::iter::once(wc.qp_num)) {
-                cause = format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev));
-            }
+        let dev = &self.port.dev;
+        dev.poll_events();
+        if let Some((_, ev)) = dev.qp_event(std::iter::once(wc.qp_num)) {
+            cause = format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev));
+        } else if dev.port_down(self.port.port) {
+            cause = format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", dev.name, self.port.port);
         }
         let gone = if matches!(self.peer_state(), PeerState::Gone) {
             format!("; the peer {} has closed its connection, so it most likely exited or crashed", self.peer)

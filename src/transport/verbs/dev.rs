@@ -31,6 +31,8 @@ pub struct IbDevice {
     pub fatal_reason: Mutex<Option<String>>,
     /// Queue pairs an asynchronous event declared broken: (QPN, event name).
     bad_qps: Mutex<Vec<(u32, &'static str)>>,
+    /// Ports whose last event was PORT_ERR (bit per port number).
+    ports_down: AtomicU32,
 }
 
 unsafe impl Send for IbDevice {}
@@ -64,12 +66,23 @@ impl IbDevice {
                 }
                 IBV_EVENT_PORT_ERR => {
                     let port = unsafe { ev.element.port_num };
+                    self.ports_down.fetch_or(1 << (port & 31), Ordering::Relaxed);
                     log::warn!("NET/rivet: {}:{port}: the port went down (PORT_ERR): its connections will fail", self.name)
+                }
+                IBV_EVENT_PORT_ACTIVE => {
+                    let port = unsafe { ev.element.port_num };
+                    self.ports_down.fetch_and(!(1 << (port & 31)), Ordering::Relaxed);
+                    log::info!("NET/rivet: {}:{port}: the port is active again (PORT_ACTIVE)", self.name)
                 }
                 _ => log::info!("NET/rivet: {}: asynchronous event {name}", self.name),
             }
             unsafe { (v.ack_async_event)(&mut ev) };
         }
+    }
+
+    /// Whether the device said the port went down (and not up again).
+    pub fn port_down(&self, port: u8) -> bool {
+        self.ports_down.load(Ordering::Relaxed) & (1 << (port & 31)) != 0
     }
 
     /// The event that broke one of `qpns`, if any.
@@ -359,6 +372,7 @@ fn open_device(
         fatal_events: AtomicU32::new(0),
         fatal_reason: Mutex::new(None),
         bad_qps: Mutex::new(Vec::new()),
+        ports_down: AtomicU32::new(0),
     });
     // Asynchronous events are polled, never waited for.
     unsafe {
