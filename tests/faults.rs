@@ -179,11 +179,7 @@ fn an_invalid_setting_warns_with_what_it_accepts() {
         "an_invalid_setting_warns_with_what_it_accepts",
         &[("RIVET_SOCKET_NSTREAMS", "lots"), ("RIVET_TIMEOUT", "0")],
     ) else {
-        let ctx = init();
-        let (mut h, lc) = listen(&ctx);
-        let (sc, rc) = pair(&ctx, &mut h, lc);
-        roundtrip(sc, rc, 1 << 20);
-        close(sc, rc, lc);
+        one_transfer(1 << 20);
         return;
     };
     assert!(ok, "child failed:\n{err}");
@@ -224,11 +220,7 @@ fn no_matching_interface_fails_init_with_advice() {
 fn without_libibverbs_the_plugin_runs_over_tcp_and_says_why() {
     let name = "without_libibverbs_the_plugin_runs_over_tcp_and_says_why";
     let Some((ok, err)) = in_child(name, &[("NCCL_DEBUG", "INFO"), ("RIVET_IBVERBS_LIB", "libibverbs-absent.so.1")]) else {
-        let ctx = init();
-        let (mut h, lc) = listen(&ctx);
-        let (sc, rc) = pair(&ctx, &mut h, lc);
-        roundtrip(sc, rc, 1 << 20);
-        close(sc, rc, lc);
+        one_transfer(1 << 20);
         return;
     };
     assert!(ok, "child failed:\n{err}");
@@ -254,11 +246,7 @@ fn libibverbs_hidden_in_a_mount_namespace_falls_back_to_tcp() {
     let script = format!("mount --bind /dev/null {} && exec \"$0\" \"$@\"", lib.unwrap_or(""));
     let wrapper = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script.as_str()];
     let Some((ok, err)) = in_child_via(&wrapper, name, &[("NCCL_DEBUG", "INFO")]) else {
-        let ctx = init();
-        let (mut h, lc) = listen(&ctx);
-        let (sc, rc) = pair(&ctx, &mut h, lc);
-        roundtrip(sc, rc, 1 << 20);
-        close(sc, rc, lc);
+        one_transfer(1 << 20);
         return;
     };
     assert!(ok, "child failed:\n{err}");

@@ -146,6 +146,15 @@ pub fn roundtrip(sc: *mut c_void, rc: *mut c_void, n: usize) {
     assert!(src == dst, "payload corrupted");
 }
 
+/// A whole connection's life: init, listen, connect/accept, one `n`-byte round trip, close.
+pub fn one_transfer(n: usize) {
+    let ctx = init();
+    let (mut h, lc) = listen(&ctx);
+    let (sc, rc) = pair(&ctx, &mut h, lc);
+    roundtrip(sc, rc, n);
+    close(sc, rc, lc);
+}
+
 pub fn close(sc: *mut c_void, rc: *mut c_void, lc: *mut c_void) {
     unsafe {
         assert_eq!(t().closeSend.unwrap()(sc), 0);
