@@ -43,6 +43,11 @@ pub const VARS: &[Var] = &[
         meaning: "Seconds (1-3600) before a connection setup, an unanswered handshake, unacknowledged data on a TCP stream, or a vanished RDMA peer fails with an error instead of waiting forever.",
     },
     Var {
+        name: "RIVET_SYSFS_ROOT",
+        default: "/sys",
+        meaning: "The sysfs tree `rivet topo` and the topology probe read (GPUs, NICs, PCI bridges, NUMA nodes); a copy or a fixture tree for tests and diagnosis.",
+    },
+    Var {
         name: "NCCL_IB_DISABLE",
         default: "0",
         meaning: "1: do not use RDMA devices even where they exist; rivet then runs over TCP.",

@@ -8,4 +8,5 @@ pub mod log;
 pub mod plugin;
 pub mod proto;
 pub mod sys;
+pub mod topo;
 pub mod transport;

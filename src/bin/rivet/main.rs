@@ -4,12 +4,14 @@
 //!   rivet allreduce -n N [-b MIN] [-e MAX] [-f FACTOR] [--iters I] [--warmup W]
 //!   rivet info
 //!   rivet config
+//!   rivet topo [--json] [--sysfs ROOT]
 //! Common: --lib PATH (or RIVET_LIB) picks the plugin library.
 
 mod allreduce;
 mod net;
 mod peer;
 mod perf;
+mod topo;
 
 use net::Res;
 use std::time::Duration;
@@ -67,7 +69,8 @@ fn usage() -> ! {
         "usage:\n  rivet perf [--sizes 64K,1M,16M,256M] [--window 8] [--bytes 1G] [--lat-iters 2000] [--dev 0[,1]] [--lib PATH]\n  \
          rivet allreduce -n NPROCS [-b 8] [-e 32M] [-f 4] [--iters 20] [--warmup 5] [--dev 0[,1]] [--lib PATH]\n  \
          rivet info [--lib PATH]     devices and properties as NCCL sees them\n  \
-         rivet config                every environment variable rivet reads, with its value\n\
+         rivet config                every environment variable rivet reads, with its value\n  \
+         rivet topo [--json] [--sysfs ROOT]  GPU x NIC PCIe path classes (PIX/PXB/PHB/NODE/SYS) from sysfs\n\
          --dev: the device of each rank (rank r uses the (r mod n)-th of the list; default 0).\n\
          The plugin is --lib PATH, $RIVET_LIB, or libnccl-net-rivet.so next to this executable."
     );
@@ -141,6 +144,7 @@ fn run() -> Res<i32> {
             }
             Ok(0)
         }
+        "topo" => topo::run(&mut a),
         "-h" | "--help" | "help" => usage(),
         c => Err(format!("unknown command '{c}' (try `rivet --help`)")),
     }
