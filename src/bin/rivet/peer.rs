@@ -108,8 +108,11 @@ pub struct Ring {
     pub dev: i32,
     /// The transport the plugin chose ("TCP" or "RDMA verbs"), from the listen handle.
     pub transport: &'static str,
-    /// More ranks on this host than cores.
-    oversubscribed: bool,
+    /// Give the CPU away while waiting: with more ranks than cores (the peer this rank waits for
+    /// needs it), and over TCP, whose bytes move in the kernel on the peer's system calls. Over
+    /// RDMA with a core per rank, yielding only adds system calls to the polling loop (measured:
+    /// higher ping-pong latency on Soft-RoCE).
+    yield_when_idle: bool,
 }
 
 impl Ring {
@@ -133,7 +136,8 @@ impl Ring {
         let mut peer = unhex(line.strip_prefix("PEER ").ok_or("launcher protocol error")?)?;
         let (send, recv) = net.connect_accept(dev, &mut peer, lc)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Ok(Ring { net, rank, nranks, send, recv, listen: lc, dev, transport, oversubscribed: nranks > cores })
+        let yield_when_idle = nranks > cores || transport == "TCP";
+        Ok(Ring { net, rank, nranks, send, recv, listen: lc, dev, transport, yield_when_idle })
     }
 
     pub fn out(&self, s: &str) {
@@ -155,9 +159,7 @@ impl Ring {
                     idle = 0;
                 }
             }
-            // More ranks than cores: let the peer this rank waits for run. (With a core each,
-            // yielding only adds system calls to the polling loop.)
-            if self.oversubscribed && idle > 64 {
+            if self.yield_when_idle && idle > 64 {
                 std::thread::yield_now();
             }
             if idle % 1024 == 1023 && Instant::now() > deadline {
