@@ -343,7 +343,7 @@ fn socket_recv(link: Link) -> Box<dyn Conn> {
 /// A connect in progress, kept between NCCL's calls.
 enum Stage {
     Tcp(Connector),
-    Verbs(Setup),
+    Verbs(Box<Setup>),
 }
 
 fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> {
@@ -403,7 +403,7 @@ pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Resu
                 None => return Ok(None),
                 Some(link) => match &d.ib {
                     None => return Ok(Some(socket_send(link))),
-                    Some(port) => *stage = Stage::Verbs(Setup::connector(port, link, traffic_class)?),
+                    Some(port) => *stage = Stage::Verbs(Box::new(Setup::connector(port, link, traffic_class)?)),
                 },
             },
             Stage::Verbs(s) => return s.poll(),
@@ -594,6 +594,8 @@ pub unsafe fn irecv(
 
 /// `iflush` after a receive completed: the transport decides whether there is anything to wait
 /// for (TCP never; verbs issues its 1-byte RDMA READ). NULL request: nothing to wait for.
+// C callers (NCCL) own the pointers; NULL is checked, the rest is the ncclNet contract.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mut i32, mh: *mut *mut c_void) -> Result<*mut c_void> {
     let c = comm(rc, COMM_MAGIC_RECV, "recv comm")?;
     if n < 0 || n as usize > MAX_RECVS {
@@ -613,6 +615,8 @@ pub fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mut i32, 
 }
 
 /// `test`: progress the request's comm; when done, sizes (one per buffer) go to `sizes` if non-NULL.
+// C callers (NCCL) own the pointers; NULL is checked, the rest is the ncclNet contract.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()> {
     if req.is_null() || done.is_null() {
         return Err(Error::internal("test with a NULL request or done pointer"));

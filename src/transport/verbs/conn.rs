@@ -196,6 +196,9 @@ impl Common {
             cause = format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev));
         } else if dev.port_down(self.port.port) {
             cause = format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", dev.name, self.port.port);
+        } else if let Some(state) = dev.port_state(self.port.port).filter(|s| *s != "ACTIVE") {
+            // The event may not have been delivered yet: ask the port itself.
+            cause = format!("; cause: the port {}:{} is {state}: check the link and the switch", dev.name, self.port.port);
         }
         let gone = if matches!(self.peer_state(), PeerState::Gone) {
             format!("; the peer {} has closed its connection, so it most likely exited or crashed", self.peer)

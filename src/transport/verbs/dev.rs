@@ -80,6 +80,13 @@ impl IbDevice {
         }
     }
 
+    /// The port's state now ("ACTIVE", "DOWN", ...), asked of the device.
+    pub fn port_state(&self, port: u8) -> Option<&'static str> {
+        let v = verbs::get().ok()?;
+        let mut pa: ibv_port_attr = unsafe { std::mem::zeroed() };
+        (unsafe { v.query_port(self.ctx, port, &mut pa) } == 0).then(|| port_state_name(pa.state))
+    }
+
     /// Whether the device said the port went down (and not up again).
     pub fn port_down(&self, port: u8) -> bool {
         self.ports_down.load(Ordering::Relaxed) & (1 << (port & 31)) != 0

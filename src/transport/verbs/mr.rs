@@ -116,11 +116,16 @@ mod tests {
         assert!(e.fresh && e.mr == 3);
         assert_eq!(c.len(), 3);
         let mut freed = vec![];
-        assert_eq!(c.release(1, |m| Ok(freed.push(m))).unwrap(), 1);
-        assert_eq!(c.release(1, |m| Ok(freed.push(m))).unwrap(), 0);
-        assert_eq!(freed, vec![1]);
+        let mut release = |c: &mut MrCache<u32>| {
+            c.release(1, |m| {
+                freed.push(m);
+                Ok(())
+            })
+        };
+        assert_eq!(release(&mut c).unwrap(), 1);
+        assert_eq!(release(&mut c).unwrap(), 0);
         // Releasing again is an error, not a double free.
-        let err = c.release(1, |m| Ok(freed.push(m))).unwrap_err();
+        let err = release(&mut c).unwrap_err();
         assert!(err.msg.contains("released twice"));
         assert_eq!(freed, vec![1]);
     }
