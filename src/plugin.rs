@@ -552,6 +552,17 @@ fn mr_info(mh: *mut c_void) -> Result<*const MrInfo> {
     Ok(&m.info)
 }
 
+/// The registration of buffer `i` of a grouped call (`mh` may be NULL: no handles at all).
+///
+/// # Safety
+/// A non-NULL `mh` holds at least `i + 1` handles.
+unsafe fn mr_at(mh: *mut *mut c_void, i: usize) -> Result<*const MrInfo> {
+    if mh.is_null() {
+        return Ok(std::ptr::null());
+    }
+    mr_info(*mh.add(i))
+}
+
 pub fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, mh: *mut c_void) -> Result<*mut c_void> {
     let c = comm(sc, COMM_MAGIC_SEND, "send comm")?;
     if data.is_null() && size > 0 {
@@ -578,14 +589,14 @@ pub unsafe fn irecv(
     if data.is_null() || tags.is_null() {
         return Err(Error::internal("irecv with a NULL data or tags array"));
     }
-    let mut bufs = [RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0, mr: std::ptr::null() }; MAX_RECVS];
+    let mut bufs = [RecvBuf::EMPTY; MAX_RECVS];
     for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
         let size = size_of(i)?;
         let ptr = *data.add(i) as *mut u8;
         if ptr.is_null() && size > 0 {
             return Err(Error::internal(format!("irecv buffer {i} of {size} bytes is NULL")));
         }
-        let mr = if mh.is_null() { std::ptr::null() } else { mr_info(*mh.add(i))? };
+        let mr = mr_at(mh, i)?;
         *b = RecvBuf { ptr, size, tag: *tags.add(i), mr };
     }
     let slot = c.lock()?.irecv(&bufs[..n as usize])?;
@@ -604,10 +615,10 @@ pub fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mut i32, 
     if n == 0 || data.is_null() || sizes.is_null() {
         return Ok(std::ptr::null_mut());
     }
-    let mut bufs = [RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0, mr: std::ptr::null() }; MAX_RECVS];
+    let mut bufs = [RecvBuf::EMPTY; MAX_RECVS];
     for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
         let size = unsafe { *sizes.add(i) }.max(0) as usize;
-        let mr = if mh.is_null() { std::ptr::null() } else { mr_info(unsafe { *mh.add(i) })? };
+        let mr = unsafe { mr_at(mh, i) }?;
         *b = RecvBuf { ptr: unsafe { *data.add(i) } as *mut u8, size, tag: 0, mr };
     }
     let slot = c.lock()?.iflush(&bufs[..n as usize])?;

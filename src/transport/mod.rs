@@ -36,6 +36,10 @@ pub struct RecvBuf {
     pub mr: *const MrInfo,
 }
 
+impl RecvBuf {
+    pub const EMPTY: RecvBuf = RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0, mr: std::ptr::null() };
+}
+
 /// Most buffers in one grouped receive (the `maxRecvs` every device reports).
 pub const MAX_RECVS: usize = 8;
 

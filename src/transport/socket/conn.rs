@@ -271,7 +271,7 @@ unsafe impl Send for RecvConn {}
 
 impl RecvConn {
     pub fn new(fds: Vec<OwnedFd>, peer: SocketAddr, min_chunk: usize) -> RecvConn {
-        let empty = RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0, mr: std::ptr::null() };
+        let empty = RecvBuf::EMPTY;
         let slots = (0..RECV_SLOTS)
             .map(|_| RecvSlot {
                 n: 0,

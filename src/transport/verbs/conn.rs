@@ -140,6 +140,32 @@ impl Common {
         e
     }
 
+    /// A failed post on QP `qpn`: the comm is dead, with the reason.
+    fn post_failed(&mut self, qpn: u32, what: &str, rc: i32) -> Error {
+        let e = Error::system(format!("{}: {what} failed: {}", self.where_(qpn), std::io::Error::from_raw_os_error(rc)));
+        self.die(e)
+    }
+
+    /// Poll up to a batch of completions into `self.wc`. A failed one kills the comm (flushed
+    /// work requests of an already dead comm are only reaped) and has its `wr_id` cleared, so
+    /// callers see only successful completions by kind; they call `check` after handling them.
+    fn poll(&mut self, cq: &Cq) -> Result<usize> {
+        let n = cq.poll(&mut self.wc)?;
+        for i in 0..n {
+            let wc = self.wc[i];
+            if wc.status == IBV_WC_SUCCESS {
+                continue;
+            }
+            self.wc[i].wr_id = 0;
+            if wc.status == IBV_WC_WR_FLUSH_ERR && self.dead.is_some() {
+                continue;
+            }
+            let e = self.wc_error(&wc);
+            self.die(e);
+        }
+        Ok(n)
+    }
+
     fn where_(&self, qpn: u32) -> String {
         format!("{}:{} QPN {qpn} (peer {})", self.port.dev.name, self.port.port, self.peer)
     }
@@ -431,12 +457,7 @@ impl VerbsSend {
 
     fn post(&mut self, q: usize, k: usize) -> Result<()> {
         if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, k) {
-            let e = Error::system(format!(
-                "{}: ibv_post_send failed: {}",
-                self.c.where_(self.qps[q].qp().qpn()),
-                std::io::Error::from_raw_os_error(rc)
-            ));
-            return Err(self.c.die(e));
+            return Err(self.c.post_failed(self.qps[q].qp().qpn(), "ibv_post_send", rc));
         }
         Ok(())
     }
@@ -467,12 +488,7 @@ impl VerbsSend {
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         let rc = unsafe { verbs::post_send(self.qps[0].qp().raw(), self.wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
-            let e = Error::system(format!(
-                "{}: ibv_post_send (eager) failed: {}",
-                self.c.where_(self.qps[0].qp().qpn()),
-                std::io::Error::from_raw_os_error(rc)
-            ));
-            return Err(self.c.die(e));
+            return Err(self.c.post_failed(self.qps[0].qp().qpn(), "ibv_post_send (eager)", rc));
         }
         self.eager_sent += 1;
         Ok(quiet)
@@ -533,17 +549,9 @@ impl VerbsSend {
     }
 
     fn progress(&mut self) -> Result<bool> {
-        let n = self.cq.poll(&mut self.c.wc)?;
+        let n = self.c.poll(&self.cq)?;
         for i in 0..n {
             let wc = self.c.wc[i];
-            if wc.status != IBV_WC_SUCCESS {
-                if wc.status == IBV_WC_WR_FLUSH_ERR && self.c.dead.is_some() {
-                    continue;
-                }
-                let e = self.c.wc_error(&wc);
-                self.c.die(e);
-                continue;
-            }
             if wc.wr_id >> KIND_SHIFT == KIND_SEND {
                 if let Some(r) = self.reqs.get_mut((wc.wr_id & 0xffff) as usize) {
                     r.pending = r.pending.saturating_sub(1);
@@ -814,12 +822,7 @@ impl VerbsRecv {
             self.unsignaled[q] = 0;
         }
         if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
-            let e = Error::system(format!(
-                "{}: posting a control write failed: {}",
-                self.c.where_(self.qps[q].qp().qpn()),
-                std::io::Error::from_raw_os_error(rc)
-            ));
-            return Err(self.c.die(e));
+            return Err(self.c.post_failed(self.qps[q].qp().qpn(), "posting a control write", rc));
         }
         Ok(())
     }
@@ -920,17 +923,9 @@ impl VerbsRecv {
     }
 
     fn progress(&mut self) -> Result<bool> {
-        let n = self.cq.poll(&mut self.c.wc)?;
+        let n = self.c.poll(&self.cq)?;
         for i in 0..n {
             let wc = self.c.wc[i];
-            if wc.status != IBV_WC_SUCCESS {
-                if wc.status == IBV_WC_WR_FLUSH_ERR && self.c.dead.is_some() {
-                    continue;
-                }
-                let e = self.c.wc_error(&wc);
-                self.c.die(e);
-                continue;
-            }
             match wc.wr_id >> KIND_SHIFT {
                 KIND_RECV => {
                     if let Some(q) = self.qps.iter().position(|q| q.qp().qpn() == wc.qp_num) {
@@ -953,12 +948,7 @@ impl VerbsRecv {
         for q in 0..self.qps.len() {
             if self.consumed[q] >= RECV_QP_RQ / 4 {
                 if let Err(rc) = post_recvs(&self.qps[q], self.consumed[q]) {
-                    let e = Error::system(format!(
-                        "{}: ibv_post_recv failed: {}",
-                        self.c.where_(self.qps[q].qp().qpn()),
-                        std::io::Error::from_raw_os_error(rc)
-                    ));
-                    return Err(self.c.die(e));
+                    return Err(self.c.post_failed(self.qps[q].qp().qpn(), "ibv_post_recv", rc));
                 }
                 self.consumed[q] = 0;
             }
@@ -1033,12 +1023,7 @@ impl Conn for VerbsRecv {
         self.wrs[0].send_flags = IBV_SEND_SIGNALED;
         if let Err(rc) = post_chain(&self.flush_qp, &mut self.wrs, &mut self.sges, 1) {
             self.free_flush.push(idx);
-            let e = Error::system(format!(
-                "{}: posting the flush read failed: {}",
-                self.c.where_(self.flush_qp.qp().qpn()),
-                std::io::Error::from_raw_os_error(rc)
-            ));
-            return Err(self.c.die(e));
+            return Err(self.c.post_failed(self.flush_qp.qp().qpn(), "posting the flush read", rc));
         }
         self.reqs[idx as usize] =
             RecvReq { st: St::Posted, flush: true, n: 0, left: 1, base: 0, entries: [Entry::default(); MAX_RECVS] };
