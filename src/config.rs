@@ -127,6 +127,21 @@ pub const VARS: &[Var] = &[
         default: "0",
         meaning: "1: iflush returns at once instead of issuing its 1-byte RDMA READ over the loopback queue pair.",
     },
+    Var {
+        name: "RIVET_SOCKET_CUDA",
+        default: "0",
+        meaning: "1: the TCP transport accepts GPU buffers (ptrSupport gains NCCL_PTR_CUDA) and moves them through the host staging engine. Off by default: NCCL's own host buffers are faster over TCP; this exists to exercise the engine on a GPU host without an RDMA NIC.",
+    },
+    Var {
+        name: "RIVET_STATS",
+        default: "0",
+        meaning: "1: every comm logs at INFO when it closes how many bytes and messages went by each path (GDR, staged, host), so a bypassed GDR path shows.",
+    },
+    Var {
+        name: "RIVET_STAGE_HOST",
+        default: "0",
+        meaning: "Testing: 1 routes host buffers through the staging engine with a memcpy copier, so the engine runs over TCP and RDMA on machines without a GPU.",
+    },
 ];
 
 #[derive(Debug, Clone)]
@@ -151,6 +166,9 @@ pub struct Config {
     pub ib_relaxed_ordering: u32,
     pub ib_eager_max: usize,
     pub gdr_flush_disable: bool,
+    pub socket_cuda: bool,
+    pub stats: bool,
+    pub stage_host: bool,
 }
 
 fn default_of(name: &str) -> &'static str {
@@ -266,6 +284,9 @@ impl Config {
             ib_relaxed_ordering: int_var(get, "NCCL_IB_PCI_RELAXED_ORDERING", 0, 2) as u32,
             ib_eager_max: int_var(get, "RIVET_IB_EAGER_MAX", 0, 262144) as usize,
             gdr_flush_disable: int_var(get, "NCCL_GDR_FLUSH_DISABLE", 0, 1) == 1,
+            socket_cuda: int_var(get, "RIVET_SOCKET_CUDA", 0, 1) == 1,
+            stats: int_var(get, "RIVET_STATS", 0, 1) == 1,
+            stage_host: int_var(get, "RIVET_STAGE_HOST", 0, 1) == 1,
         }
     }
 

@@ -3,10 +3,12 @@
 
 pub mod abi;
 pub mod config;
+pub mod cuda;
 pub mod error;
 pub mod log;
 pub mod plugin;
 pub mod proto;
+pub mod staging;
 pub mod sys;
 pub mod topo;
 pub mod transport;

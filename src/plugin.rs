@@ -4,13 +4,15 @@
 
 use crate::abi::types::*;
 use crate::config;
+use crate::cuda;
 use crate::error::{Error, Result};
 use crate::log::INIT;
 use crate::proto::{self, Handle, HANDLE_SIZE};
 use crate::transport::socket::{self, ifaces, Connector, Link, Listener, RecvConn, SendConn};
 use crate::transport::verbs::dev::IbPort;
 use crate::transport::verbs::{self, Setup};
-use crate::transport::{Conn, MrInfo, RecvBuf, MAX_RECVS};
+use crate::staging::{CudaCopier, HostCopier, NoRegistration, Registrar, Staged};
+use crate::transport::{Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -168,6 +170,8 @@ pub fn init(logger: ncclDebugLogger_t, abi: u32) -> Result<()> {
                 ),
             }
         }
+        // Loads the CUDA driver (or says once why rivet is host-only).
+        let _ = cuda::get();
         let cfg = config::get();
         match &devs.no_rdma {
             Some(why) => log::info!(
@@ -204,13 +208,22 @@ fn device(dev: i32) -> Result<&'static Device> {
         .ok_or_else(|| Error::arg(format!("device {dev} does not exist (this host has {} rivet devices)", t.list.len())))
 }
 
+/// HOST everywhere; CUDA on the TCP transport when RIVET_SOCKET_CUDA=1 and a CUDA driver works.
+fn ptr_support(d: &Device) -> i32 {
+    if d.ib.is_none() && config::get().socket_cuda && cuda::get().is_ok() {
+        NCCL_PTR_HOST | NCCL_PTR_CUDA
+    } else {
+        NCCL_PTR_HOST
+    }
+}
+
 pub fn properties(dev: i32) -> Result<Props> {
     let d = device(dev)?;
     Ok(Props {
         name: d.name.as_ptr() as *mut c_char,
         pci_path: d.pci_path.as_ref().map_or(std::ptr::null_mut(), |p| p.as_ptr() as *mut c_char),
         guid: d.guid,
-        ptr_support: NCCL_PTR_HOST,
+        ptr_support: ptr_support(d),
         reg_is_global: 1,
         force_flush: 0,
         speed: d.speed,
@@ -489,7 +502,7 @@ pub struct Request {
 pub struct Comm {
     magic: u64,
     dev: i32,
-    conn: Mutex<Box<dyn Conn>>,
+    conn: Mutex<Staged>,
     reqs: Box<[Request]>,
 }
 
@@ -498,6 +511,17 @@ unsafe impl Sync for Comm {}
 
 impl Comm {
     fn new_raw(dev: i32, conn: Box<dyn Conn>, send: bool) -> *mut c_void {
+        let d = device(dev).ok();
+        let registrar: Box<dyn Registrar> = match d.and_then(|d| d.ib.as_ref()) {
+            Some(port) => Box::new(VerbsRegistrar { port, access: access_for(send) }),
+            None => Box::new(NoRegistration),
+        };
+        let label = format!(
+            "{} comm on dev {dev} ({})",
+            if send { "send" } else { "recv" },
+            d.map(|d| d.name.to_string_lossy().into_owned()).unwrap_or_default()
+        );
+        let conn = Staged::new(conn, send, label, registrar);
         let cap = conn.capacity();
         let mut b = Box::new(Comm {
             magic: if send { COMM_MAGIC_SEND } else { COMM_MAGIC_RECV },
@@ -512,7 +536,7 @@ impl Comm {
         p
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, Box<dyn Conn>>> {
+    fn lock(&self) -> Result<MutexGuard<'_, Staged>> {
         self.conn.lock().map_err(|_| Error::internal("comm unusable after an earlier internal error"))
     }
 
@@ -686,63 +710,149 @@ pub struct Mr {
     verbs: Option<(usize, &'static IbPort)>,
 }
 
+/// IBV access flags of a comm's registrations: receive buffers take remote writes (and the
+/// flush's read); send buffers are only read locally.
+fn access_for(send: bool) -> u32 {
+    use crate::sys::ib::*;
+    if send {
+        0
+    } else {
+        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+    }
+}
+
+/// Register `[addr, addr+size)` on an RDMA port through its device's MR cache; returns the
+/// registration and the cached `ibv_mr` to release it with.
+fn verbs_register(port: &'static IbPort, addr: usize, size: usize, access: u32) -> Result<(MrInfo, usize)> {
+    use crate::sys::ib::*;
+    let dev = &port.dev;
+    let mut cache = dev.mrs.lock().unwrap_or_else(|p| p.into_inner());
+    let lease = cache.acquire(addr, size, access as i32, |a, l, acc| dev.register(a, l, acc).map(|m| m as usize))?;
+    drop(cache);
+    let m = unsafe { &*(lease.mr as *const ibv_mr) };
+    log::trace!(
+        "NET/rivet: register {addr:#x} {size} bytes on {} -> MR [{:p}, +{}) lkey {:#x} rkey {:#x} access {access:#x} refs {}{}",
+        dev.name,
+        m.addr,
+        m.length,
+        m.lkey,
+        m.rkey,
+        lease.refs,
+        if lease.fresh { " (registered)" } else { " (cached)" }
+    );
+    let info = MrInfo {
+        addr: m.addr as usize,
+        len: m.length,
+        lkey: m.lkey,
+        rkey: m.rkey,
+        access,
+        dev: &**dev as *const _ as usize,
+        path: Path::Host,
+    };
+    Ok((info, lease.mr))
+}
+
+fn verbs_release(port: &IbPort, mr: usize) -> Result<()> {
+    let dev = &port.dev;
+    let v = crate::sys::verbs::get().map_err(|e| Error::system(e.0))?;
+    let left = dev.mrs.lock().unwrap_or_else(|p| p.into_inner()).release(mr, |mr| {
+        let rc = unsafe { (v.dereg_mr)(mr as *mut _) };
+        if rc != 0 {
+            return Err(Error::system(format!("{}: ibv_dereg_mr failed: {}", dev.name, std::io::Error::from_raw_os_error(rc))));
+        }
+        Ok(())
+    })?;
+    log::trace!("NET/rivet: release on {}: MR {mr:#x} refs {left}{}", dev.name, if left == 0 { " (deregistered)" } else { "" });
+    Ok(())
+}
+
+/// Bounce buffers of a staged comm on an RDMA port.
+struct VerbsRegistrar {
+    port: &'static IbPort,
+    access: u32,
+}
+
+impl Registrar for VerbsRegistrar {
+    fn register(&self, addr: usize, len: usize) -> Result<(MrInfo, usize)> {
+        verbs_register(self.port, addr, len, self.access)
+    }
+    fn release(&self, handle: usize) {
+        if let Err(e) = verbs_release(self.port, handle) {
+            log::warn!("NET/rivet: staging bounce buffer: {e}");
+        }
+    }
+}
+
+/// Set up a comm to stage GPU memory at `data` (a CUDA pointer); logs the decision once per
+/// (comm, GPU).
+fn stage_cuda(c: &Comm, d: &Device, data: *mut c_void) -> Result<()> {
+    let cfg = config::get();
+    if d.ib.is_none() && !cfg.socket_cuda {
+        return Err(Error::usage(format!(
+            "regMr of GPU memory on dev {} ({}, TCP transport): rivet's TCP transport takes GPU buffers only with RIVET_SOCKET_CUDA=1 (without it ptrSupport does not offer NCCL_PTR_CUDA)",
+            c.dev,
+            d.name.to_string_lossy()
+        )));
+    }
+    let pi = cuda::pointer_info(data as usize)?;
+    let mut g = c.lock()?;
+    match g.copier.as_ref().map(|c| c.gpu()) {
+        Some(Some(o)) if o == pi.ordinal => Ok(()),
+        Some(other) => Err(Error::usage(format!(
+            "regMr of memory on GPU {} (CUDA device {}) on a comm that already stages for {}: one comm serves one GPU",
+            pi.bus_id,
+            pi.ordinal,
+            other.map_or("host buffers (RIVET_STAGE_HOST=1)".to_string(), |o| format!("CUDA device {o}"))
+        ))),
+        None => {
+            g.copier = Some(Box::new(CudaCopier::new(pi.ordinal, pi.bus_id.clone())?));
+            let why = match d.ib {
+                None => "TCP transport (RIVET_SOCKET_CUDA=1)",
+                Some(_) => "this build has no GPUDirect RDMA path yet",
+            };
+            log::info!("NET/rivet: host staging for GPU {} on {}: {why}", pi.bus_id, d.name.to_string_lossy());
+            Ok(())
+        }
+    }
+}
+
 pub fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: i32) -> Result<*mut c_void> {
     let c = any_comm(comm)?;
     let d = device(c.dev)?;
-    match ty {
-        NCCL_PTR_HOST => {}
-        NCCL_PTR_CUDA | NCCL_PTR_DMABUF => {
+    if data.is_null() && size > 0 {
+        return Err(Error::internal(format!("regMr of {size} bytes at NULL")));
+    }
+    let path = match ty {
+        NCCL_PTR_HOST if config::get().stage_host => {
+            let mut g = c.lock()?;
+            if g.copier.is_none() {
+                g.copier = Some(Box::new(HostCopier::new()));
+            }
+            Path::Staged
+        }
+        NCCL_PTR_HOST => Path::Host,
+        NCCL_PTR_CUDA => {
+            stage_cuda(c, d, data)?;
+            Path::Staged
+        }
+        NCCL_PTR_DMABUF => {
             return Err(Error::internal(format!(
-                "regMr of {} memory on device {}: rivet registers host memory only so far (ptrSupport = NCCL_PTR_HOST)",
-                if ty == NCCL_PTR_CUDA { "CUDA" } else { "dma-buf" },
+                "regMr of dma-buf memory on device {}: rivet does not offer NCCL_PTR_DMABUF on this device",
                 c.dev
             )))
         }
         _ => return Err(Error::arg(format!("regMr with unknown pointer type {ty:#x} (NCCL_PTR_HOST=1, CUDA=2, DMABUF=4)"))),
-    }
-    if data.is_null() && size > 0 {
-        return Err(Error::internal(format!("regMr of {size} bytes at NULL")));
-    }
-    let (info, verbs) = match &d.ib {
-        None => (MrInfo { addr: data as usize, len: size, ..Default::default() }, None),
-        Some(port) => {
-            use crate::sys::ib::*;
-            // No wider than the use needs: receive buffers take remote writes (and the flush's
-            // read); send buffers are only read locally.
-            let access = if c.magic == COMM_MAGIC_RECV {
-                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
-            } else {
-                0
-            };
-            let dev = &port.dev;
-            let mut cache = dev.mrs.lock().unwrap_or_else(|p| p.into_inner());
-            let lease = cache.acquire(data as usize, size, access as i32, |a, l, acc| dev.register(a, l, acc).map(|m| m as usize))?;
-            drop(cache);
-            let m = unsafe { &*(lease.mr as *const ibv_mr) };
-            log::trace!(
-                "NET/rivet: regMr {data:p} {size} bytes on {} -> MR [{:p}, +{}) lkey {:#x} rkey {:#x} access {access:#x} refs {}{}",
-                dev.name,
-                m.addr,
-                m.length,
-                m.lkey,
-                m.rkey,
-                lease.refs,
-                if lease.fresh { " (registered)" } else { " (cached)" }
-            );
-            let info = MrInfo {
-                addr: m.addr as usize,
-                len: m.length,
-                lkey: m.lkey,
-                rkey: m.rkey,
-                access,
-                dev: &**dev as *const _ as usize,
-            };
-            (info, Some((lease.mr, port)))
+    };
+    let (info, verbs) = match (&d.ib, path) {
+        (Some(port), Path::Host) => {
+            let (info, mr) = verbs_register(port, data as usize, size, access_for(c.magic == COMM_MAGIC_SEND))?;
+            (info, Some((mr, port)))
         }
+        _ => (MrInfo { addr: data as usize, len: size, path, ..Default::default() }, None),
     };
     let p = Box::into_raw(Box::new(Mr { magic: MR_MAGIC, info, ty, verbs })) as *mut c_void;
     register(p as usize, Obj::Mr);
-    log::trace!("NET/rivet: regMr {data:p} {size} bytes type {ty} -> {p:p}");
+    log::trace!("NET/rivet: regMr {data:p} {size} bytes type {ty} path {path:?} -> {p:p}");
     Ok(p)
 }
 
@@ -753,16 +863,7 @@ pub fn dereg_mr(_comm: *mut c_void, mh: *mut c_void) -> Result<()> {
     let mut m = unsafe { Box::from_raw(mh as *mut Mr) };
     m.magic = 0;
     if let Some((mr, port)) = m.verbs {
-        let dev = &port.dev;
-        let v = crate::sys::verbs::get().map_err(|e| Error::system(e.0))?;
-        let left = dev.mrs.lock().unwrap_or_else(|p| p.into_inner()).release(mr, |mr| {
-            let rc = unsafe { (v.dereg_mr)(mr as *mut _) };
-            if rc != 0 {
-                return Err(Error::system(format!("{}: ibv_dereg_mr failed: {}", dev.name, std::io::Error::from_raw_os_error(rc))));
-            }
-            Ok(())
-        })?;
-        log::trace!("NET/rivet: deregMr on {}: MR {mr:#x} refs {left}{}", dev.name, if left == 0 { " (deregistered)" } else { "" });
+        verbs_release(port, mr)?;
     }
     log::trace!("NET/rivet: deregMr {:#x} {} bytes", m.info.addr, m.info.len);
     Ok(())

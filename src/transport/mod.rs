@@ -18,6 +18,20 @@ pub struct MrInfo {
     pub access: u32,
     /// Identity of the RDMA device the keys belong to (0 for TCP).
     pub dev: usize,
+    /// How the data path moves this memory.
+    pub path: Path,
+}
+
+/// How a registered buffer's bytes travel (see `staging`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Path {
+    /// Host memory, sent and received by the transport directly.
+    #[default]
+    Host = 0,
+    /// GPU memory copied through pinned host bounce buffers.
+    Staged = 1,
+    /// GPU memory the NIC reads and writes directly (GPUDirect RDMA).
+    Gdr = 2,
 }
 
 impl MrInfo {

@@ -1,0 +1,314 @@
+//! The CUDA driver API, loaded at run time through `cudarc` (dynamic loading). Nothing here runs
+//! unless a CUDA pointer reaches the plugin or a caller asks for the GPU facts.
+//!
+//! cudarc panics when libcuda is absent or lacks a symbol, so `get()` checks the library and
+//! every symbol rivet calls before the first call, and a host without a GPU or driver gets one
+//! INFO line saying why rivet is host-only. Every call returns a `CUresult` that becomes an
+//! `Error` naming the call and the driver's error name.
+
+use crate::error::{Error, Result};
+use cudarc::driver::sys as cu;
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+/// Every driver entry point rivet calls (checked for presence before the first call).
+const SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetPCIBusId",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuPointerGetAttribute",
+    "cuCtxGetCurrent",
+    "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent_v2",
+    "cuStreamCreate",
+    "cuStreamQuery",
+    "cuStreamDestroy_v2",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventDestroy_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuGetErrorName",
+];
+
+/// The loaded driver: its version and device count.
+#[derive(Debug)]
+pub struct Cuda {
+    pub driver_version: i32,
+    pub devices: i32,
+}
+
+static CUDA: OnceLock<std::result::Result<Cuda, String>> = OnceLock::new();
+
+fn name_of(r: cu::CUresult) -> String {
+    let mut p: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName was checked present; it writes a static string pointer.
+    if unsafe { cu::cuGetErrorName(r, &mut p) } == cu::CUresult::CUDA_SUCCESS && !p.is_null() {
+        return unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    }
+    format!("{r:?}")
+}
+
+/// A driver call's result as an error naming the call.
+pub fn check(r: cu::CUresult, what: &str) -> Result<()> {
+    if r == cu::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    Err(Error::system(format!("{what} failed: {}", name_of(r))))
+}
+
+fn load() -> std::result::Result<Cuda, String> {
+    // SAFETY: dlopen of the driver library; no CUDA call happens unless every symbol is there.
+    if !unsafe { cu::is_culib_present() } {
+        return Err("libcuda.so.1 not found (no NVIDIA driver on this host, or not on the loader path)".into());
+    }
+    let lib = unsafe { cu::culib() };
+    for s in SYMBOLS {
+        if unsafe { lib.get::<*const c_void>(s.as_bytes()) }.is_err() {
+            return Err(format!("the CUDA driver lacks {s} (driver too old; rivet needs CUDA 11.3 or newer)"));
+        }
+    }
+    let r = unsafe { cu::cuInit(0) };
+    if r != cu::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuInit failed: {} (no usable GPU, or the driver and kernel module disagree)", name_of(r)));
+    }
+    let mut driver_version = 0;
+    let mut devices = 0;
+    unsafe {
+        cu::cuDriverGetVersion(&mut driver_version);
+        cu::cuDeviceGetCount(&mut devices);
+    }
+    if devices == 0 {
+        return Err("the CUDA driver sees no GPU".into());
+    }
+    Ok(Cuda { driver_version, devices })
+}
+
+/// The driver, loaded once; `Err` says why rivet is host-only (logged once at INFO).
+pub fn get() -> std::result::Result<&'static Cuda, &'static str> {
+    let r = CUDA.get_or_init(|| {
+        // cudarc panics on a missing library or symbol; the checks above should prevent it, and
+        // this keeps any that slips through inside the plugin.
+        let r = std::panic::catch_unwind(load).unwrap_or_else(|_| Err("loading the CUDA driver panicked".into()));
+        match &r {
+            Ok(c) => log::info!(
+                "NET/rivet: CUDA driver {}.{} with {} GPU(s)",
+                c.driver_version / 1000,
+                c.driver_version % 1000 / 10,
+                c.devices
+            ),
+            Err(why) => log::info!("NET/rivet: host memory only: {why}"),
+        }
+        r
+    });
+    r.as_ref().map_err(|s| s.as_str())
+}
+
+/// What the driver says about a pointer NCCL registers as `NCCL_PTR_CUDA`.
+#[derive(Debug, Clone)]
+pub struct PtrInfo {
+    pub ordinal: i32,
+    /// PCI bus id in sysfs form, lower case ("0000:18:00.0").
+    pub bus_id: String,
+}
+
+fn attr_i32(attr: cu::CUdevice_attribute, dev: cu::CUdevice) -> Result<i32> {
+    let mut v = 0;
+    check(unsafe { cu::cuDeviceGetAttribute(&mut v, attr, dev) }, "cuDeviceGetAttribute")?;
+    Ok(v)
+}
+
+pub fn bus_id(ordinal: i32) -> Result<String> {
+    let mut dev = 0;
+    check(unsafe { cu::cuDeviceGet(&mut dev, ordinal) }, "cuDeviceGet")?;
+    let mut buf = [0 as std::ffi::c_char; 32];
+    check(unsafe { cu::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) }, "cuDeviceGetPCIBusId")?;
+    let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().to_ascii_lowercase();
+    Ok(s)
+}
+
+/// GPU-side GPUDirect facts of device `ordinal`: (GPUDirect RDMA supported, dma-buf supported).
+pub fn gdr_attributes(ordinal: i32) -> Result<(bool, bool)> {
+    let mut dev = 0;
+    check(unsafe { cu::cuDeviceGet(&mut dev, ordinal) }, "cuDeviceGet")?;
+    let gdr = attr_i32(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, dev)? != 0;
+    let dmabuf = attr_i32(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev)? != 0;
+    Ok((gdr, dmabuf))
+}
+
+/// The GPU that owns device memory at `ptr`; an error when it is not device memory.
+pub fn pointer_info(ptr: usize) -> Result<PtrInfo> {
+    get().map_err(|why| Error::usage(format!("a CUDA buffer was registered but rivet cannot use CUDA: {why}")))?;
+    let mut mem_type: u32 = 0;
+    check(
+        unsafe {
+            cu::cuPointerGetAttribute(
+                &mut mem_type as *mut u32 as *mut c_void,
+                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr as cu::CUdeviceptr,
+            )
+        },
+        &format!("cuPointerGetAttribute({ptr:#x}, MEMORY_TYPE)"),
+    )?;
+    if mem_type != cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+        return Err(Error::internal(format!(
+            "{ptr:#x} was registered as NCCL_PTR_CUDA but the driver says it is not device memory (memory type {mem_type})"
+        )));
+    }
+    let mut ordinal: i32 = -1;
+    check(
+        unsafe {
+            cu::cuPointerGetAttribute(
+                &mut ordinal as *mut i32 as *mut c_void,
+                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr as cu::CUdeviceptr,
+            )
+        },
+        &format!("cuPointerGetAttribute({ptr:#x}, DEVICE_ORDINAL)"),
+    )?;
+    Ok(PtrInfo { ordinal, bus_id: bus_id(ordinal)? })
+}
+
+/// The primary context of one GPU, retained while this lives, made current around driver calls
+/// on threads where it is not (NCCL's proxy thread normally has it current already).
+pub struct Context {
+    ctx: cu::CUcontext,
+    dev: cu::CUdevice,
+}
+
+unsafe impl Send for Context {}
+
+impl Context {
+    pub fn primary(ordinal: i32) -> Result<Context> {
+        let mut dev = 0;
+        check(unsafe { cu::cuDeviceGet(&mut dev, ordinal) }, "cuDeviceGet")?;
+        let mut ctx = std::ptr::null_mut();
+        check(unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) }, "cuDevicePrimaryCtxRetain")?;
+        Ok(Context { ctx, dev })
+    }
+
+    /// Run `f` with this context current on the calling thread.
+    pub fn with<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let mut cur = std::ptr::null_mut();
+        unsafe { cu::cuCtxGetCurrent(&mut cur) };
+        if cur == self.ctx {
+            return f();
+        }
+        check(unsafe { cu::cuCtxPushCurrent_v2(self.ctx) }, "cuCtxPushCurrent")?;
+        let r = f();
+        let mut popped = std::ptr::null_mut();
+        unsafe { cu::cuCtxPopCurrent_v2(&mut popped) };
+        r
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        unsafe { cu::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    }
+}
+
+/// Pinned (page-locked) host memory, portable across contexts.
+pub struct PinnedBuf {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+unsafe impl Send for PinnedBuf {}
+
+impl PinnedBuf {
+    pub fn new(len: usize) -> Result<PinnedBuf> {
+        let mut p = std::ptr::null_mut();
+        check(unsafe { cu::cuMemHostAlloc(&mut p, len.max(1), cu::CU_MEMHOSTALLOC_PORTABLE) }, &format!("cuMemHostAlloc({len})"))?;
+        Ok(PinnedBuf { ptr: p as *mut u8, len })
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        unsafe { cu::cuMemFreeHost(self.ptr as *mut c_void) };
+    }
+}
+
+/// A stream with a ring of events, one per batch of copies in flight.
+pub struct Stream {
+    stream: cu::CUstream,
+    events: Vec<cu::CUevent>,
+}
+
+unsafe impl Send for Stream {}
+
+impl Stream {
+    pub fn new(nevents: usize) -> Result<Stream> {
+        let mut stream = std::ptr::null_mut();
+        check(unsafe { cu::cuStreamCreate(&mut stream, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) }, "cuStreamCreate")?;
+        let mut s = Stream { stream, events: Vec::with_capacity(nevents) };
+        for _ in 0..nevents {
+            let mut e = std::ptr::null_mut();
+            check(unsafe { cu::cuEventCreate(&mut e, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, "cuEventCreate")?;
+            s.events.push(e);
+        }
+        Ok(s)
+    }
+
+    pub fn events(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()> {
+        check(
+            unsafe { cu::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src as cu::CUdeviceptr, len, self.stream) },
+            "cuMemcpyDtoHAsync",
+        )
+    }
+
+    pub fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()> {
+        check(
+            unsafe { cu::cuMemcpyHtoDAsync_v2(dst as cu::CUdeviceptr, src as *const c_void, len, self.stream) },
+            "cuMemcpyHtoDAsync",
+        )
+    }
+
+    pub fn record(&mut self, event: usize) -> Result<()> {
+        check(unsafe { cu::cuEventRecord(self.events[event], self.stream) }, "cuEventRecord")
+    }
+
+    pub fn reached(&self, event: usize) -> Result<bool> {
+        match unsafe { cu::cuEventQuery(self.events[event]) } {
+            cu::CUresult::CUDA_SUCCESS => Ok(true),
+            cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => check(r, "cuEventQuery").map(|_| false),
+        }
+    }
+
+    /// Wait, bounded, for every copy on the stream (teardown: buffers are freed after this).
+    pub fn drain(&self, limit: std::time::Duration) -> bool {
+        let t = std::time::Instant::now();
+        loop {
+            match unsafe { cu::cuStreamQuery(self.stream) } {
+                cu::CUresult::CUDA_ERROR_NOT_READY if t.elapsed() < limit => std::thread::yield_now(),
+                cu::CUresult::CUDA_ERROR_NOT_READY => return false,
+                _ => return true,
+            }
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        unsafe {
+            for e in &self.events {
+                cu::cuEventDestroy_v2(*e);
+            }
+            cu::cuStreamDestroy_v2(self.stream);
+        }
+    }
+}

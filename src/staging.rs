@@ -1,0 +1,670 @@
+//! The host staging engine, and the per-comm layer every comm's data path goes through.
+//!
+//! A buffer whose registration says `Path::Staged` (GPU memory the NIC should not or cannot reach
+//! directly) never goes to the transport: a send is copied device → host into a bounce buffer
+//! and the bounce buffer is sent once the copy's event has fired; a receive lands in a bounce
+//! buffer and `test` reports it done only after the host → device copy of the bytes that arrived
+//! has completed. Bounce buffers are pinned, registered with the transport when first allocated
+//! and pooled by size class, so steady traffic registers nothing.
+//!
+//! Copies go through the `Copier` trait: `CudaCopier` (one CUDA stream and event ring per comm)
+//! on a GPU host, `HostCopier` (plain memcpy, completing one poll late) for the CPU tests, which
+//! run the same engine over real TCP and RDMA transfers (`RIVET_STAGE_HOST=1`).
+//!
+//! Requests that need no staging pass straight through to the transport under their own slot
+//! numbers; the layer only keeps sends in order (a host send never overtakes a staged send whose
+//! copy is still running) and counts bytes by path for `RIVET_STATS`.
+
+use crate::cuda;
+use crate::error::{Error, Result};
+use crate::transport::{Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
+use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
+
+/// Requests the engine manages at once per comm (each holds at most one copy event).
+pub const MANAGED: usize = 64;
+
+/// Moves bytes between device and host memory, asynchronously, in batches ended by a fence.
+pub trait Copier: Send {
+    /// The CUDA device whose memory it copies (None: the host copier).
+    fn gpu(&self) -> Option<i32>;
+    /// Memory the transport may read and write, and the copier may copy to and from.
+    fn alloc(&mut self, len: usize) -> Result<HostMem>;
+    fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()>;
+    fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()>;
+    /// End the batch of copies issued since the last fence; `id` < MANAGED names it.
+    fn fence(&mut self, id: usize) -> Result<()>;
+    /// Whether every copy before fence `id` has completed.
+    fn reached(&mut self, id: usize) -> Result<bool>;
+    /// Wait, bounded, for every copy issued (before bounce buffers are freed).
+    fn drain(&mut self);
+}
+
+/// Bounce memory: pinned by CUDA, or plain pages for the host copier.
+pub enum HostMem {
+    Pinned(cuda::PinnedBuf),
+    Plain(Vec<u8>),
+}
+
+impl HostMem {
+    fn ptr(&mut self) -> *mut u8 {
+        match self {
+            HostMem::Pinned(p) => p.ptr,
+            HostMem::Plain(v) => v.as_mut_ptr(),
+        }
+    }
+}
+
+/// Registers bounce buffers with the comm's transport (verbs: an MR on the comm's device).
+pub trait Registrar: Send {
+    /// The registration, and a handle to release it with.
+    fn register(&self, addr: usize, len: usize) -> Result<(MrInfo, usize)>;
+    fn release(&self, handle: usize);
+}
+
+/// TCP: nothing to register.
+pub struct NoRegistration;
+
+impl Registrar for NoRegistration {
+    fn register(&self, addr: usize, len: usize) -> Result<(MrInfo, usize)> {
+        Ok((MrInfo { addr, len, ..Default::default() }, 0))
+    }
+    fn release(&self, _: usize) {}
+}
+
+// ---------------------------------------------------------------------------------------------
+// Copiers.
+
+/// Copies on one CUDA stream of the GPU that owns the comm's buffers.
+pub struct CudaCopier {
+    stream: ManuallyDrop<cuda::Stream>,
+    ctx: ManuallyDrop<cuda::Context>,
+    pub ordinal: i32,
+    pub bus_id: String,
+}
+
+impl CudaCopier {
+    pub fn new(ordinal: i32, bus_id: String) -> Result<CudaCopier> {
+        let ctx = cuda::Context::primary(ordinal)?;
+        let stream = ctx.with(|| cuda::Stream::new(MANAGED))?;
+        Ok(CudaCopier { stream: ManuallyDrop::new(stream), ctx: ManuallyDrop::new(ctx), ordinal, bus_id })
+    }
+}
+
+impl Copier for CudaCopier {
+    fn gpu(&self) -> Option<i32> {
+        Some(self.ordinal)
+    }
+    fn alloc(&mut self, len: usize) -> Result<HostMem> {
+        self.ctx.with(|| cuda::PinnedBuf::new(len)).map(HostMem::Pinned)
+    }
+    fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()> {
+        let s = &mut self.stream;
+        self.ctx.with(|| s.to_host(dst, src, len))
+    }
+    fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()> {
+        let s = &mut self.stream;
+        self.ctx.with(|| s.to_device(dst, src, len))
+    }
+    fn fence(&mut self, id: usize) -> Result<()> {
+        let s = &mut self.stream;
+        self.ctx.with(|| s.record(id))
+    }
+    fn reached(&mut self, id: usize) -> Result<bool> {
+        let s = &self.stream;
+        self.ctx.with(|| s.reached(id))
+    }
+    fn drain(&mut self) {
+        let s = &self.stream;
+        let _ = self.ctx.with(|| {
+            if !s.drain(std::time::Duration::from_secs(2)) {
+                log::warn!("NET/rivet: staging copies still running 2 s after close; their bounce buffers are leaked");
+            }
+            Ok(())
+        });
+    }
+}
+
+impl Drop for CudaCopier {
+    fn drop(&mut self) {
+        // The stream goes first, inside its context; then the context is released.
+        let ctx = unsafe { ManuallyDrop::take(&mut self.ctx) };
+        let stream = unsafe { ManuallyDrop::take(&mut self.stream) };
+        let _ = ctx.with(|| {
+            drop(stream);
+            Ok(())
+        });
+        drop(ctx);
+    }
+}
+
+/// memcpy between host buffers, standing in for the GPU in tests: copies run when their fence
+/// is first polled, and that poll still says "not reached", so the engine's waiting is exercised.
+#[derive(Default)]
+pub struct HostCopier {
+    pending: Vec<(usize, usize, usize)>,
+    batches: Vec<(Vec<(usize, usize, usize)>, bool)>,
+}
+
+impl HostCopier {
+    pub fn new() -> HostCopier {
+        HostCopier { pending: Vec::new(), batches: (0..MANAGED).map(|_| (Vec::new(), true)).collect() }
+    }
+    fn run(batch: &mut Vec<(usize, usize, usize)>) {
+        for (dst, src, len) in batch.drain(..) {
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+        }
+    }
+}
+
+impl Copier for HostCopier {
+    fn gpu(&self) -> Option<i32> {
+        None
+    }
+    fn alloc(&mut self, len: usize) -> Result<HostMem> {
+        Ok(HostMem::Plain(vec![0u8; len.max(1)]))
+    }
+    fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()> {
+        self.pending.push((dst as usize, src, len));
+        Ok(())
+    }
+    fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()> {
+        self.pending.push((dst, src as usize, len));
+        Ok(())
+    }
+    fn fence(&mut self, id: usize) -> Result<()> {
+        let b = &mut self.batches[id];
+        b.0.append(&mut self.pending);
+        b.1 = false;
+        Ok(())
+    }
+    fn reached(&mut self, id: usize) -> Result<bool> {
+        let b = &mut self.batches[id];
+        if b.1 {
+            return Ok(true);
+        }
+        Self::run(&mut b.0);
+        b.1 = true;
+        Ok(false)
+    }
+    fn drain(&mut self) {
+        Self::run(&mut self.pending);
+        for b in &mut self.batches {
+            Self::run(&mut b.0);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bounce buffer pool.
+
+struct Bounce {
+    mem: HostMem,
+    ptr: *mut u8,
+    mr: MrInfo,
+    handle: usize,
+    class: usize,
+}
+
+const MIN_CLASS: usize = 12; // 4 KiB
+
+fn class_of(len: usize) -> usize {
+    (usize::BITS - (len.max(1) - 1).leading_zeros()).max(MIN_CLASS as u32) as usize
+}
+
+#[derive(Default)]
+struct Pool {
+    free: Vec<Vec<Bounce>>,
+    bytes: usize,
+}
+
+impl Pool {
+    fn get(&mut self, len: usize, copier: &mut dyn Copier, reg: &dyn Registrar) -> Result<Bounce> {
+        let class = class_of(len);
+        if self.free.len() <= class {
+            self.free.resize_with(class + 1, Vec::new);
+        }
+        if let Some(b) = self.free[class].pop() {
+            return Ok(b);
+        }
+        let size = 1usize << class;
+        let mut mem = copier.alloc(size)?;
+        let ptr = mem.ptr();
+        let (mr, handle) = reg.register(ptr as usize, size)?;
+        self.bytes += size;
+        log::trace!("NET/rivet: staging pool: new {size}-byte bounce buffer at {ptr:p} ({} bytes pooled)", self.bytes);
+        Ok(Bounce { mem, ptr, mr, handle, class })
+    }
+
+    fn put(&mut self, b: Bounce) {
+        let c = b.class;
+        self.free[c].push(b);
+    }
+
+    fn clear(&mut self, reg: &dyn Registrar) {
+        for b in self.free.drain(..).flatten() {
+            reg.release(b.handle);
+            drop(b.mem);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics by path (RIVET_STATS).
+
+#[derive(Default, Clone, Copy)]
+pub struct Counter {
+    pub bytes: u64,
+    pub msgs: u64,
+}
+
+#[derive(Default, Clone, Copy)]
+pub struct Stats {
+    /// Indexed by `Path as usize`: host, staged, GDR.
+    pub by_path: [Counter; 3],
+}
+
+impl Stats {
+    fn add(&mut self, path: Path, bytes: usize) {
+        let c = &mut self.by_path[path as usize];
+        c.bytes += bytes as u64;
+        c.msgs += 1;
+    }
+}
+
+fn path_of(mr: *const MrInfo) -> Path {
+    if mr.is_null() {
+        Path::Host
+    } else {
+        unsafe { (*mr).path }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The layer.
+
+enum Managed {
+    Free,
+    /// A staged send whose device → host copy is running (fence = this slot).
+    SendCopying { bounce: Bounce, size: usize, tag: i32 },
+    /// A send waiting for earlier staged sends to go first.
+    SendWaiting { data: *const u8, size: usize, tag: i32, mr: *const MrInfo },
+    /// Handed to the transport under `inner`; `bounce` returns to the pool when it completes.
+    SendPosted { inner: u32, bounce: Option<Bounce> },
+    /// A receive with staged buffers, posted to the transport.
+    RecvPosted { inner: u32, n: usize, staged: [Option<(usize, Bounce)>; MAX_RECVS] },
+    /// The transport has delivered; host → device copies run until the fence.
+    RecvCopying { n: usize, sizes: [usize; MAX_RECVS], staged: [Option<(usize, Bounce)>; MAX_RECVS] },
+}
+
+/// Every comm's data path: staging where registrations ask for it, pass-through elsewhere.
+pub struct Staged {
+    inner: ManuallyDrop<Box<dyn Conn>>,
+    icap: usize,
+    send: bool,
+    label: String,
+    pub copier: Option<Box<dyn Copier>>,
+    registrar: Box<dyn Registrar>,
+    pool: Pool,
+    slots: Vec<Managed>,
+    free: Vec<u32>,
+    /// Managed sends not yet handed to the transport, oldest first.
+    queue: VecDeque<u32>,
+    /// Path of the first buffer of each pass-through receive, by transport slot (for stats).
+    recv_path: Vec<[Path; MAX_RECVS]>,
+    stats: Stats,
+    stats_on: bool,
+}
+
+unsafe impl Send for Staged {}
+
+impl Staged {
+    pub fn new(inner: Box<dyn Conn>, send: bool, label: String, registrar: Box<dyn Registrar>) -> Staged {
+        let icap = inner.capacity();
+        Staged {
+            inner: ManuallyDrop::new(inner),
+            icap,
+            send,
+            label,
+            copier: None,
+            registrar,
+            pool: Pool::default(),
+            slots: (0..MANAGED).map(|_| Managed::Free).collect(),
+            free: (0..MANAGED as u32).rev().collect(),
+            queue: VecDeque::with_capacity(MANAGED),
+            recv_path: vec![[Path::Host; MAX_RECVS]; if send { 0 } else { icap }],
+            stats: Stats::default(),
+            stats_on: crate::config::get().stats,
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    fn copier(&mut self) -> Result<&mut dyn Copier> {
+        match self.copier.as_deref_mut() {
+            Some(c) => Ok(c),
+            None => Err(Error::internal("a staged buffer reached a comm that has no copier (registration out of order)")),
+        }
+    }
+
+    fn take_slot(&mut self) -> Option<u32> {
+        self.free.pop()
+    }
+
+    fn release_slot(&mut self, m: u32) {
+        if let Managed::SendCopying { bounce, .. } | Managed::SendPosted { bounce: Some(bounce), .. } =
+            std::mem::replace(&mut self.slots[m as usize], Managed::Free)
+        {
+            self.pool.put(bounce);
+        }
+        self.free.push(m);
+    }
+
+    /// Hand waiting sends to the transport in order, as far as copies and back-pressure allow.
+    fn progress_sends(&mut self) -> Result<()> {
+        while let Some(&m) = self.queue.front() {
+            let (data, size, tag, mr) = match &self.slots[m as usize] {
+                Managed::SendCopying { bounce, size, tag } => {
+                    let (p, s, t, mr) = (bounce.ptr as *const u8, *size, *tag, &bounce.mr as *const MrInfo);
+                    if !self.copier()?.reached(m as usize)? {
+                        return Ok(());
+                    }
+                    (p, s, t, mr)
+                }
+                Managed::SendWaiting { data, size, tag, mr } => (*data, *size, *tag, *mr),
+                _ => return Err(Error::internal("staging: a queued send in an unexpected state")),
+            };
+            let Some(inner) = self.inner.isend(data, size, tag, mr)? else { return Ok(()) };
+            self.queue.pop_front();
+            let bounce = match std::mem::replace(&mut self.slots[m as usize], Managed::Free) {
+                Managed::SendCopying { bounce, .. } => Some(bounce),
+                _ => None,
+            };
+            self.slots[m as usize] = Managed::SendPosted { inner, bounce };
+        }
+        Ok(())
+    }
+
+    fn managed_id(&self, m: u32) -> u32 {
+        self.icap as u32 + m
+    }
+}
+
+impl Conn for Staged {
+    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo) -> Result<Option<u32>> {
+        let path = path_of(mr);
+        if path != Path::Staged {
+            if self.queue.is_empty() {
+                let r = self.inner.isend(data, size, tag, mr)?;
+                if r.is_some() && self.stats_on {
+                    self.stats.add(path, size);
+                }
+                return Ok(r);
+            }
+            let Some(m) = self.take_slot() else { return Ok(None) };
+            self.slots[m as usize] = Managed::SendWaiting { data, size, tag, mr };
+            self.queue.push_back(m);
+            if self.stats_on {
+                self.stats.add(path, size);
+            }
+            self.progress_sends()?;
+            return Ok(Some(self.managed_id(m)));
+        }
+        let Some(m) = self.take_slot() else { return Ok(None) };
+        let copier = match self.copier.as_deref_mut() {
+            Some(c) => c,
+            None => {
+                self.free.push(m);
+                return self.copier().map(|_| None);
+            }
+        };
+        let bounce = match self.pool.get(size, copier, &*self.registrar) {
+            Ok(b) => b,
+            Err(e) => {
+                self.free.push(m);
+                return Err(e);
+            }
+        };
+        let r = (|| {
+            if size > 0 {
+                copier.to_host(bounce.ptr, data as usize, size)?;
+            }
+            copier.fence(m as usize)
+        })();
+        self.slots[m as usize] = Managed::SendCopying { bounce, size, tag };
+        if let Err(e) = r {
+            self.release_slot(m);
+            return Err(e);
+        }
+        self.queue.push_back(m);
+        if self.stats_on {
+            self.stats.add(Path::Staged, size);
+        }
+        self.progress_sends()?;
+        Ok(Some(self.managed_id(m)))
+    }
+
+    fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+        if !bufs.iter().any(|b| path_of(b.mr) == Path::Staged) {
+            let r = self.inner.irecv(bufs)?;
+            if let (Some(s), true) = (r, self.stats_on) {
+                let p = &mut self.recv_path[s as usize];
+                for (i, b) in bufs.iter().enumerate() {
+                    p[i] = path_of(b.mr);
+                }
+            }
+            return Ok(r);
+        }
+        let Some(m) = self.take_slot() else { return Ok(None) };
+        let mut staged: [Option<(usize, Bounce)>; MAX_RECVS] = Default::default();
+        let mut posted = [RecvBuf::EMPTY; MAX_RECVS];
+        let mut res = Ok(());
+        for (i, b) in bufs.iter().enumerate() {
+            posted[i] = *b;
+            if path_of(b.mr) != Path::Staged {
+                continue;
+            }
+            let copier = match self.copier.as_deref_mut() {
+                Some(c) => c,
+                None => {
+                    res = Err(Error::internal("a staged receive buffer reached a comm that has no copier"));
+                    break;
+                }
+            };
+            match self.pool.get(b.size, copier, &*self.registrar) {
+                Ok(bounce) => {
+                    posted[i].ptr = bounce.ptr;
+                    posted[i].mr = &bounce.mr;
+                    staged[i] = Some((b.ptr as usize, bounce));
+                }
+                Err(e) => {
+                    res = Err(e);
+                    break;
+                }
+            }
+        }
+        let r = res.and_then(|_| self.inner.irecv(&posted[..bufs.len()]));
+        match r {
+            Ok(Some(inner)) => {
+                self.slots[m as usize] = Managed::RecvPosted { inner, n: bufs.len(), staged };
+                Ok(Some(self.managed_id(m)))
+            }
+            other => {
+                for (_, b) in staged.into_iter().flatten() {
+                    self.pool.put(b);
+                }
+                self.free.push(m);
+                other.map(|_| None)
+            }
+        }
+    }
+
+    fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+        // Staged receives are complete once their host → device copy is: nothing to flush.
+        let mut rest = [RecvBuf::EMPTY; MAX_RECVS];
+        let mut n = 0;
+        for b in bufs.iter().filter(|b| path_of(b.mr) != Path::Staged) {
+            rest[n] = *b;
+            n += 1;
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        self.inner.iflush(&rest[..n])
+    }
+
+    fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
+        if !self.queue.is_empty() {
+            self.progress_sends()?;
+        }
+        let slot = slot as usize;
+        if slot < self.icap {
+            let r = self.inner.test(slot as u32, sizes)?;
+            if let (Some(n), false, true) = (r, self.send, self.stats_on) {
+                for (i, s) in sizes.iter().enumerate().take(n) {
+                    self.stats.add(self.recv_path[slot][i], *s);
+                }
+            }
+            return Ok(r);
+        }
+        let m = slot - self.icap;
+        if m >= MANAGED {
+            return Err(Error::internal("request slot out of range"));
+        }
+        match &mut self.slots[m] {
+            Managed::Free => Err(Error::internal("test on a request that is not in flight (already completed?)")),
+            Managed::SendCopying { .. } | Managed::SendWaiting { .. } => Ok(None),
+            Managed::SendPosted { inner, .. } => {
+                let r = self.inner.test(*inner, sizes)?;
+                if r.is_some() {
+                    self.release_slot(m as u32);
+                }
+                Ok(r)
+            }
+            Managed::RecvPosted { inner, n, staged } => {
+                let Some(got) = self.inner.test(*inner, sizes)? else { return Ok(None) };
+                let (n, staged) = (*n, std::mem::take(staged));
+                debug_assert_eq!(got, n);
+                let copier = self.copier()?;
+                for (i, s) in staged.iter().enumerate() {
+                    if let Some((dst, b)) = s {
+                        if sizes[i] > 0 {
+                            copier.to_device(*dst, b.ptr, sizes[i])?;
+                        }
+                    }
+                }
+                copier.fence(m)?;
+                if self.stats_on {
+                    for (i, s) in staged.iter().enumerate().take(n) {
+                        self.stats.add(if s.is_some() { Path::Staged } else { Path::Host }, sizes[i]);
+                    }
+                }
+                self.slots[m] = Managed::RecvCopying { n, sizes: *sizes, staged };
+                Ok(None)
+            }
+            Managed::RecvCopying { .. } => {
+                if !self.copier()?.reached(m)? {
+                    return Ok(None);
+                }
+                let Managed::RecvCopying { n, sizes: got, staged } = std::mem::replace(&mut self.slots[m], Managed::Free)
+                else {
+                    unreachable!()
+                };
+                for (_, b) in staged.into_iter().flatten() {
+                    self.pool.put(b);
+                }
+                self.free.push(m as u32);
+                sizes[..n].copy_from_slice(&got[..n]);
+                Ok(Some(n))
+            }
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.icap + MANAGED
+    }
+}
+
+fn human(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        // The network stops first, then copies drain, then bounce buffers go.
+        unsafe { ManuallyDrop::drop(&mut self.inner) };
+        if let Some(c) = self.copier.as_deref_mut() {
+            c.drain();
+        }
+        for m in 0..MANAGED as u32 {
+            if !matches!(self.slots[m as usize], Managed::Free) {
+                if let Managed::RecvPosted { staged, .. } | Managed::RecvCopying { staged, .. } =
+                    std::mem::replace(&mut self.slots[m as usize], Managed::Free)
+                {
+                    for (_, b) in staged.into_iter().flatten() {
+                        self.pool.put(b);
+                    }
+                }
+                self.release_slot(m);
+            }
+        }
+        self.pool.clear(&*self.registrar);
+        if self.stats_on {
+            let s = &self.stats.by_path;
+            let total: u64 = s.iter().map(|c| c.bytes).sum();
+            let msgs: u64 = s.iter().map(|c| c.msgs).sum();
+            log::info!(
+                "NET/rivet: stats {} closed: {} {} in {msgs} messages: GDR {} / {}, staged {} / {}, host {} / {}",
+                self.label,
+                if self.send { "sent" } else { "received" },
+                human(total),
+                human(s[Path::Gdr as usize].bytes),
+                s[Path::Gdr as usize].msgs,
+                human(s[Path::Staged as usize].bytes),
+                s[Path::Staged as usize].msgs,
+                human(s[Path::Host as usize].bytes),
+                s[Path::Host as usize].msgs,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes() {
+        assert_eq!(class_of(0), MIN_CLASS);
+        assert_eq!(class_of(4096), 12);
+        assert_eq!(class_of(4097), 13);
+        assert_eq!(class_of(1 << 20), 20);
+        assert_eq!(class_of((1 << 20) + 1), 21);
+    }
+
+    #[test]
+    fn host_copier_completes_one_poll_late() {
+        let mut c = HostCopier::new();
+        let src = [7u8; 16];
+        let mut dst = [0u8; 16];
+        c.to_host(dst.as_mut_ptr(), src.as_ptr() as usize, 16).unwrap();
+        c.fence(3).unwrap();
+        assert_eq!(dst, [0; 16], "nothing copied before the fence is polled");
+        assert!(!c.reached(3).unwrap());
+        assert_eq!(dst, [7; 16]);
+        assert!(c.reached(3).unwrap());
+    }
+}
