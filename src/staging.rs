@@ -188,9 +188,11 @@ impl Copier for HostCopier {
         Ok(false)
     }
     fn drain(&mut self) {
-        Self::run(&mut self.pending);
+        // Copies not yet run are dropped, as a cancelled asynchronous copy would be: at close the
+        // buffers they name may already be gone.
+        self.pending.clear();
         for b in &mut self.batches {
-            Self::run(&mut b.0);
+            b.0.clear();
         }
     }
 }
@@ -201,7 +203,8 @@ impl Copier for HostCopier {
 struct Bounce {
     mem: HostMem,
     ptr: *mut u8,
-    mr: MrInfo,
+    /// Boxed: the transport may keep a pointer to it while the bounce moves between slots.
+    mr: Box<MrInfo>,
     handle: usize,
     class: usize,
 }
@@ -233,7 +236,7 @@ impl Pool {
         let (mr, handle) = reg.register(ptr as usize, size)?;
         self.bytes += size;
         log::trace!("NET/rivet: staging pool: new {size}-byte bounce buffer at {ptr:p} ({} bytes pooled)", self.bytes);
-        Ok(Bounce { mem, ptr, mr, handle, class })
+        Ok(Bounce { mem, ptr, mr: Box::new(mr), handle, class })
     }
 
     fn put(&mut self, b: Bounce) {
@@ -367,7 +370,7 @@ impl Staged {
         while let Some(&m) = self.queue.front() {
             let (data, size, tag, mr) = match &self.slots[m as usize] {
                 Managed::SendCopying { bounce, size, tag } => {
-                    let (p, s, t, mr) = (bounce.ptr as *const u8, *size, *tag, &bounce.mr as *const MrInfo);
+                    let (p, s, t, mr) = (bounce.ptr as *const u8, *size, *tag, &*bounce.mr as *const MrInfo);
                     if !self.copier()?.reached(m as usize)? {
                         return Ok(());
                     }
@@ -476,7 +479,7 @@ impl Conn for Staged {
             match self.pool.get(b.size, copier, &*self.registrar) {
                 Ok(bounce) => {
                     posted[i].ptr = bounce.ptr;
-                    posted[i].mr = &bounce.mr;
+                    posted[i].mr = &*bounce.mr;
                     staged[i] = Some((b.ptr as usize, bounce));
                 }
                 Err(e) => {

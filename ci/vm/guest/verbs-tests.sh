@@ -33,6 +33,17 @@ done
 # eager limit with four QPs per connection.
 step conformance-v12-eager0-1qp env RIVET_IB_EAGER_MAX=0 NCCL_IB_QPS_PER_CONNECTION=1 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
 step conformance-v12-eager64k-4qp env RIVET_IB_EAGER_MAX=65536 NCCL_IB_QPS_PER_CONNECTION=4 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
+# The staging engine over verbs: every buffer through a registered bounce buffer and the host
+# copier (RIVET_STAGE_HOST=1), all cases, and RIVET_STATS must show the staged messages.
+staged() {
+  NCCL_DEBUG=INFO RIVET_STATS=1 RIVET_STAGE_HOST=1 ./conformance -v --lib $LIB --api "$1" --dev 0 --dev2 1 > /tmp/st.log 2>&1 || { cat /tmp/st.log; return 1; }
+  grep '^PASS' /tmp/st.log
+  grep -q 'staged [^/]*/ [1-9]' /tmp/st.log || { echo "no message went through the staging engine"; return 1; }
+  grep -q 'host [^/]*/ [1-9]' /tmp/st.log && { echo "a registered buffer bypassed the staging engine"; grep 'stats ' /tmp/st.log; return 1; }
+  return 0
+}
+step staged-v12-rxe0-rxe1 staged 12
+step staged-v8-rxe0-rxe1 staged 8
 step badrkey ./conformance --lib $LIB --api 12 --dev 0 --dev2 1 --case badrkey
 # The Rust fault tests whose subject is the same on both transports (the out-of-band listener,
 # closing with requests in flight, configuration warnings), here over verbs.
