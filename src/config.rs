@@ -133,6 +133,21 @@ pub const VARS: &[Var] = &[
         meaning: "1: the TCP transport accepts GPU buffers (ptrSupport gains NCCL_PTR_CUDA) and moves them through the host staging engine. Off by default: NCCL's own host buffers are faster over TCP; this exists to exercise the engine on a GPU host without an RDMA NIC.",
     },
     Var {
+        name: "RIVET_GDR",
+        default: "auto",
+        meaning: "GPUDirect RDMA on RDMA devices: auto (where the GPU-NIC path is within RIVET_GDR_LEVEL and peer memory or dma-buf works), off (GPU buffers always go through host staging), force (GDR whatever the path and checks say; a failed registration still falls back to staging).",
+    },
+    Var {
+        name: "RIVET_DMABUF",
+        default: "auto",
+        meaning: "dma-buf registration of GPU memory: auto (offer NCCL_PTR_DMABUF where the NIC and the GPU support it) or off.",
+    },
+    Var {
+        name: "RIVET_GDR_LEVEL",
+        default: "PXB",
+        meaning: "Farthest GPU-NIC path class GDR is used over, as NCCL_NET_GDR_LEVEL names them: LOC, PIX, PXB, PHB (NODE counts as PHB), SYS. Farther pairs use host staging.",
+    },
+    Var {
         name: "RIVET_STATS",
         default: "0",
         meaning: "1: every comm logs at INFO when it closes how many bytes and messages went by each path (GDR, staged, host), so a bypassed GDR path shows.",
@@ -169,6 +184,9 @@ pub struct Config {
     pub socket_cuda: bool,
     pub stats: bool,
     pub stage_host: bool,
+    pub gdr: crate::gdr::Mode,
+    pub dmabuf: bool,
+    pub gdr_level: crate::topo::PathClass,
 }
 
 fn default_of(name: &str) -> &'static str {
@@ -196,6 +214,18 @@ fn int_var(get: Getter, name: &str, min: u64, max: u64) -> u64 {
             }
         },
     }
+}
+
+/// A word-valued variable parsed by `parse`; WARN and use the default otherwise.
+fn word_var<T>(get: Getter, name: &str, accepts: &str, parse: impl Fn(&str) -> Option<T>) -> T {
+    let def = default_of(name);
+    if let Some(s) = get(name) {
+        match parse(&s) {
+            Some(v) => return v,
+            None => log::warn!("NET/rivet: {name}={s} is invalid: it accepts {accepts}; using the default {def}"),
+        }
+    }
+    parse(def).expect("the default parses")
 }
 
 fn family_var(get: Getter) -> Option<i32> {
@@ -287,6 +317,13 @@ impl Config {
             socket_cuda: int_var(get, "RIVET_SOCKET_CUDA", 0, 1) == 1,
             stats: int_var(get, "RIVET_STATS", 0, 1) == 1,
             stage_host: int_var(get, "RIVET_STAGE_HOST", 0, 1) == 1,
+            gdr: word_var(get, "RIVET_GDR", "auto, off or force", crate::gdr::Mode::parse),
+            dmabuf: word_var(get, "RIVET_DMABUF", "auto or off", |s| match s.trim().to_ascii_lowercase().as_str() {
+                "auto" | "1" => Some(true),
+                "off" | "0" => Some(false),
+                _ => None,
+            }),
+            gdr_level: word_var(get, "RIVET_GDR_LEVEL", "LOC, PIX, PXB, PHB, NODE or SYS", crate::topo::PathClass::parse_level),
         }
     }
 
@@ -337,6 +374,27 @@ mod tests {
         let c = Config::from_env_with(&ok);
         assert_eq!(c.socket_nstreams, 8);
         assert_eq!(c.socket_family, Some(libc::AF_INET6));
+    }
+
+    #[test]
+    fn gdr_variables() {
+        use crate::topo::PathClass;
+        let c = Config::from_env_with(&|_| None);
+        assert_eq!((c.gdr, c.dmabuf, c.gdr_level), (crate::gdr::Mode::Auto, true, PathClass::Pxb));
+        let get = |n: &str| {
+            Some(match n {
+                "RIVET_GDR" => "force",
+                "RIVET_DMABUF" => "off",
+                "RIVET_GDR_LEVEL" => "sys",
+                _ => return None,
+            }
+            .to_string())
+        };
+        let c = Config::from_env_with(&get);
+        assert_eq!((c.gdr, c.dmabuf, c.gdr_level), (crate::gdr::Mode::Force, false, PathClass::Sys));
+        let bad = |n: &str| (n == "RIVET_GDR_LEVEL" || n == "RIVET_GDR").then(|| "far".to_string());
+        let c = Config::from_env_with(&bad);
+        assert_eq!((c.gdr, c.gdr_level), (crate::gdr::Mode::Auto, PathClass::Pxb));
     }
 
     #[test]

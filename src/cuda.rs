@@ -34,6 +34,7 @@ const SYMBOLS: &[&str] = &[
     "cuEventDestroy_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyHtoD_v2",
     "cuMemHostAlloc",
     "cuMemFreeHost",
     "cuGetErrorName",
@@ -214,6 +215,18 @@ impl Drop for Context {
     fn drop(&mut self) {
         unsafe { cu::cuDevicePrimaryCtxRelease_v2(self.dev) };
     }
+}
+
+/// Copy host bytes into device memory and return when they are there: the RDMA transport's
+/// eager messages that land in its host ring on their way to a GPUDirect receive buffer. Runs in
+/// the calling thread's context, or the owning GPU's primary context where the thread has none.
+pub fn copy_to_device_sync(dst: usize, src: *const u8, len: usize) -> Result<()> {
+    let r = unsafe { cu::cuMemcpyHtoD_v2(dst as cu::CUdeviceptr, src as *const c_void, len) };
+    if r != cu::CUresult::CUDA_ERROR_INVALID_CONTEXT {
+        return check(r, "cuMemcpyHtoD");
+    }
+    let pi = pointer_info(dst)?;
+    Context::primary(pi.ordinal)?.with(|| check(unsafe { cu::cuMemcpyHtoD_v2(dst as cu::CUdeviceptr, src as *const c_void, len) }, "cuMemcpyHtoD"))
 }
 
 /// Pinned (page-locked) host memory, portable across contexts.

@@ -5,6 +5,7 @@ pub mod abi;
 pub mod config;
 pub mod cuda;
 pub mod error;
+pub mod gdr;
 pub mod log;
 pub mod plugin;
 pub mod proto;

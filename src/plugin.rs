@@ -7,6 +7,8 @@ use crate::config;
 use crate::cuda;
 use crate::error::{Error, Result};
 use crate::log::INIT;
+use crate::gdr;
+use crate::topo::Topology;
 use crate::proto::{self, Handle, HANDLE_SIZE};
 use crate::transport::socket::{self, ifaces, Connector, Link, Listener, RecvConn, SendConn};
 use crate::transport::verbs::dev::IbPort;
@@ -208,12 +210,23 @@ fn device(dev: i32) -> Result<&'static Device> {
         .ok_or_else(|| Error::arg(format!("device {dev} does not exist (this host has {} rivet devices)", t.list.len())))
 }
 
-/// HOST everywhere; CUDA on the TCP transport when RIVET_SOCKET_CUDA=1 and a CUDA driver works.
+/// HOST everywhere. TCP: CUDA when RIVET_SOCKET_CUDA=1 and a CUDA driver works (staged).
+/// RDMA: CUDA when RIVET_GDR is not off, a CUDA driver works and peer memory or dma-buf exists
+/// (or RIVET_GDR=force); DMABUF when the NIC and GPU 0 support dma-buf and RIVET_DMABUF allows.
 fn ptr_support(d: &Device) -> i32 {
-    if d.ib.is_none() && config::get().socket_cuda && cuda::get().is_ok() {
-        NCCL_PTR_HOST | NCCL_PTR_CUDA
-    } else {
-        NCCL_PTR_HOST
+    let cfg = config::get();
+    let Some(port) = &d.ib else {
+        return if cfg.socket_cuda && cuda::get().is_ok() { NCCL_PTR_HOST | NCCL_PTR_CUDA } else { NCCL_PTR_HOST };
+    };
+    if cfg.gdr == gdr::Mode::Off || cuda::get().is_err() {
+        return NCCL_PTR_HOST;
+    }
+    let dmabuf = cfg.dmabuf && port.dev.dmabuf.is_ok() && cuda::gdr_attributes(0).is_ok_and(|(_, db)| db);
+    let peermem = gdr::peermem(&topology().root).is_some();
+    match (dmabuf, peermem || cfg.gdr == gdr::Mode::Force) {
+        (true, _) => NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF,
+        (false, true) => NCCL_PTR_HOST | NCCL_PTR_CUDA,
+        (false, false) => NCCL_PTR_HOST,
     }
 }
 
@@ -706,8 +719,8 @@ pub struct Mr {
     magic: u64,
     pub info: MrInfo,
     pub ty: i32,
-    /// The cached `ibv_mr` and its device (verbs only).
-    verbs: Option<(usize, &'static IbPort)>,
+    /// The `ibv_mr` behind it (verbs only).
+    verbs: Option<VerbsReg>,
 }
 
 /// IBV access flags of a comm's registrations: receive buffers take remote writes (and the
@@ -721,34 +734,30 @@ fn access_for(send: bool) -> u32 {
     }
 }
 
+/// The data path's view of a verbs registration.
+fn mr_info_of(m: *mut crate::sys::ib::ibv_mr, access: u32, dev: &crate::transport::verbs::dev::IbDevice, path: Path) -> MrInfo {
+    let m = unsafe { &*m };
+    MrInfo { addr: m.addr as usize, len: m.length, lkey: m.lkey, rkey: m.rkey, access, dev: dev as *const _ as usize, path }
+}
+
 /// Register `[addr, addr+size)` on an RDMA port through its device's MR cache; returns the
 /// registration and the cached `ibv_mr` to release it with.
 fn verbs_register(port: &'static IbPort, addr: usize, size: usize, access: u32) -> Result<(MrInfo, usize)> {
-    use crate::sys::ib::*;
     let dev = &port.dev;
     let mut cache = dev.mrs.lock().unwrap_or_else(|p| p.into_inner());
     let lease = cache.acquire(addr, size, access as i32, |a, l, acc| dev.register(a, l, acc).map(|m| m as usize))?;
     drop(cache);
-    let m = unsafe { &*(lease.mr as *const ibv_mr) };
+    let info = mr_info_of(lease.mr as *mut _, access, dev, Path::Host);
     log::trace!(
-        "NET/rivet: register {addr:#x} {size} bytes on {} -> MR [{:p}, +{}) lkey {:#x} rkey {:#x} access {access:#x} refs {}{}",
+        "NET/rivet: register {addr:#x} {size} bytes on {} -> MR [{:#x}, +{}) lkey {:#x} rkey {:#x} access {access:#x} refs {}{}",
         dev.name,
-        m.addr,
-        m.length,
-        m.lkey,
-        m.rkey,
+        info.addr,
+        info.len,
+        info.lkey,
+        info.rkey,
         lease.refs,
         if lease.fresh { " (registered)" } else { " (cached)" }
     );
-    let info = MrInfo {
-        addr: m.addr as usize,
-        len: m.length,
-        lkey: m.lkey,
-        rkey: m.rkey,
-        access,
-        dev: &**dev as *const _ as usize,
-        path: Path::Host,
-    };
     Ok((info, lease.mr))
 }
 
@@ -783,21 +792,16 @@ impl Registrar for VerbsRegistrar {
     }
 }
 
-/// Set up a comm to stage GPU memory at `data` (a CUDA pointer); logs the decision once per
-/// (comm, GPU).
-fn stage_cuda(c: &Comm, d: &Device, data: *mut c_void) -> Result<()> {
-    let cfg = config::get();
-    if d.ib.is_none() && !cfg.socket_cuda {
-        return Err(Error::usage(format!(
-            "regMr of GPU memory on dev {} ({}, TCP transport): rivet's TCP transport takes GPU buffers only with RIVET_SOCKET_CUDA=1 (without it ptrSupport does not offer NCCL_PTR_CUDA)",
-            c.dev,
-            d.name.to_string_lossy()
-        )));
-    }
-    let pi = cuda::pointer_info(data as usize)?;
-    let mut g = c.lock()?;
+/// The machine's topology, probed once (sysfs at RIVET_SYSFS_ROOT, else /sys).
+fn topology() -> &'static Topology {
+    static T: OnceLock<Topology> = OnceLock::new();
+    T.get_or_init(|| Topology::probe(&Topology::default_root()))
+}
+
+/// Give the comm a CUDA copier for the GPU owning `pi` (one GPU per comm).
+fn ensure_cuda_copier(g: &mut Staged, pi: &cuda::PtrInfo) -> Result<bool> {
     match g.copier.as_ref().map(|c| c.gpu()) {
-        Some(Some(o)) if o == pi.ordinal => Ok(()),
+        Some(Some(o)) if o == pi.ordinal => Ok(false),
         Some(other) => Err(Error::usage(format!(
             "regMr of memory on GPU {} (CUDA device {}) on a comm that already stages for {}: one comm serves one GPU",
             pi.bus_id,
@@ -806,50 +810,149 @@ fn stage_cuda(c: &Comm, d: &Device, data: *mut c_void) -> Result<()> {
         ))),
         None => {
             g.copier = Some(Box::new(CudaCopier::new(pi.ordinal, pi.bus_id.clone())?));
-            let why = match d.ib {
-                None => "TCP transport (RIVET_SOCKET_CUDA=1)",
-                Some(_) => "this build has no GPUDirect RDMA path yet",
-            };
-            log::info!("NET/rivet: host staging for GPU {} on {}: {why}", pi.bus_id, d.name.to_string_lossy());
-            Ok(())
+            Ok(true)
         }
     }
 }
 
-pub fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: i32) -> Result<*mut c_void> {
+/// TCP: GPU memory goes through the staging engine, and only with RIVET_SOCKET_CUDA=1.
+fn stage_cuda_tcp(c: &Comm, d: &Device, data: *mut c_void) -> Result<()> {
+    if !config::get().socket_cuda {
+        return Err(Error::usage(format!(
+            "regMr of GPU memory on dev {} ({}, TCP transport): rivet's TCP transport takes GPU buffers only with RIVET_SOCKET_CUDA=1 (without it ptrSupport does not offer NCCL_PTR_CUDA)",
+            c.dev,
+            d.name.to_string_lossy()
+        )));
+    }
+    let pi = cuda::pointer_info(data as usize)?;
+    let mut g = c.lock()?;
+    if ensure_cuda_copier(&mut g, &pi)? {
+        log::info!("NET/rivet: host staging for GPU {} on {}: TCP transport (RIVET_SOCKET_CUDA=1)", pi.bus_id, d.name.to_string_lossy());
+    }
+    Ok(())
+}
+
+/// The facts GDR is decided on, for the GPU owning `pi` and this port.
+fn gdr_facts(port: &IbPort, pi: &cuda::PtrInfo, via: gdr::Via) -> Result<gdr::Facts> {
+    let cfg = config::get();
+    let topo = topology();
+    let (gpu_gdr, gpu_dmabuf) = cuda::gdr_attributes(pi.ordinal)?;
+    let dmabuf = if !cfg.dmabuf {
+        Err("RIVET_DMABUF=off".to_string())
+    } else if !gpu_dmabuf {
+        Err("the GPU does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0)".to_string())
+    } else {
+        port.dev.dmabuf.clone()
+    };
+    let (path, gpu_numa, nic_numa) = gdr::locate(topo, &pi.bus_id, &port.dev.name);
+    Ok(gdr::Facts {
+        mode: cfg.gdr,
+        level: cfg.gdr_level,
+        path,
+        gpu_numa,
+        nic_numa,
+        gpu_gdr,
+        peermem: gdr::peermem(&topo.root),
+        dmabuf,
+        via,
+    })
+}
+
+/// A verbs registration a memory handle owns: the `ibv_mr`, its port, and whether it is in the
+/// device's MR cache (dma-buf registrations are not).
+type VerbsReg = (usize, &'static IbPort, bool);
+
+/// GPU memory on an RDMA port: GDR where the decision and the registration itself allow it,
+/// host staging otherwise. The decision is made, and logged, once per (comm, GPU); a failed
+/// registration turns the comm to staging and says why.
+fn reg_gpu_verbs(
+    c: &Comm,
+    port: &'static IbPort,
+    data: *mut c_void,
+    size: usize,
+    dmabuf: Option<(u64, i32)>,
+) -> Result<(MrInfo, Option<VerbsReg>)> {
+    let pi = cuda::pointer_info(data as usize)?;
+    let via = if dmabuf.is_some() { gdr::Via::DmaBuf } else { gdr::Via::Address };
+    let nic = &port.dev.name;
+    let mut g = c.lock()?;
+    let (decision, first) = match &g.gpu {
+        Some((o, d)) if *o == pi.ordinal => (d.clone(), false),
+        Some((o, _)) => {
+            return Err(Error::usage(format!(
+                "regMr of memory on GPU {} (CUDA device {}) on a comm that serves CUDA device {o}: one comm serves one GPU",
+                pi.bus_id, pi.ordinal
+            )))
+        }
+        None => (gdr::decide(&gdr_facts(port, &pi, via)?), true),
+    };
+    let access = access_for(c.magic == COMM_MAGIC_SEND);
+    let mech = if dmabuf.is_some() { "dma-buf" } else { "peer-memory" };
+    let reg = gdr::register_or_stage(
+        &decision,
+        || match dmabuf {
+            Some((offset, fd)) => {
+                let m = port.dev.register_dmabuf(offset, size, data as u64, fd, access as i32)?;
+                Ok((mr_info_of(m, access, &port.dev, Path::Gdr), m as usize, false))
+            }
+            None => verbs_register(port, data as usize, size, access).map(|(i, m)| (i, m, true)),
+        },
+        mech,
+    );
+    match reg {
+        Ok((mut info, mr, cached)) => {
+            info.path = Path::Gdr;
+            if first {
+                if let gdr::Decision::Gdr(why) = &decision {
+                    log::info!("NET/rivet: GDR on {nic} for GPU {}: {why}", pi.bus_id);
+                }
+                g.gpu = Some((pi.ordinal, decision));
+            }
+            Ok((info, Some((mr, port, cached))))
+        }
+        Err(why) => {
+            ensure_cuda_copier(&mut g, &pi)?;
+            if first || matches!(decision, gdr::Decision::Gdr(_)) {
+                log::info!("NET/rivet: host staging for GPU {} on {nic}: {why}", pi.bus_id);
+                g.gpu = Some((pi.ordinal, gdr::Decision::Staging(why)));
+            }
+            Ok((MrInfo { addr: data as usize, len: size, path: Path::Staged, ..Default::default() }, None))
+        }
+    }
+}
+
+/// `regMr` (`dmabuf` None) and `regMrDmaBuf` (`dmabuf` = offset and fd, which is not kept).
+pub fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: i32, dmabuf: Option<(u64, i32)>) -> Result<*mut c_void> {
     let c = any_comm(comm)?;
     let d = device(c.dev)?;
     if data.is_null() && size > 0 {
         return Err(Error::internal(format!("regMr of {size} bytes at NULL")));
     }
-    let path = match ty {
-        NCCL_PTR_HOST if config::get().stage_host => {
+    let gpu = match ty {
+        NCCL_PTR_HOST => false,
+        NCCL_PTR_CUDA | NCCL_PTR_DMABUF => true,
+        _ => return Err(Error::arg(format!("regMr with unknown pointer type {ty:#x} (NCCL_PTR_HOST=1, CUDA=2, DMABUF=4)"))),
+    };
+    let (info, verbs) = match (&d.ib, gpu) {
+        (None, true) => {
+            stage_cuda_tcp(c, d, data)?;
+            (MrInfo { addr: data as usize, len: size, path: Path::Staged, ..Default::default() }, None)
+        }
+        (Some(port), true) => reg_gpu_verbs(c, port, data, size, dmabuf.filter(|(_, fd)| *fd >= 0))?,
+        (_, false) if config::get().stage_host => {
             let mut g = c.lock()?;
             if g.copier.is_none() {
                 g.copier = Some(Box::new(HostCopier::new()));
             }
-            Path::Staged
+            (MrInfo { addr: data as usize, len: size, path: Path::Staged, ..Default::default() }, None)
         }
-        NCCL_PTR_HOST => Path::Host,
-        NCCL_PTR_CUDA => {
-            stage_cuda(c, d, data)?;
-            Path::Staged
-        }
-        NCCL_PTR_DMABUF => {
-            return Err(Error::internal(format!(
-                "regMr of dma-buf memory on device {}: rivet does not offer NCCL_PTR_DMABUF on this device",
-                c.dev
-            )))
-        }
-        _ => return Err(Error::arg(format!("regMr with unknown pointer type {ty:#x} (NCCL_PTR_HOST=1, CUDA=2, DMABUF=4)"))),
-    };
-    let (info, verbs) = match (&d.ib, path) {
-        (Some(port), Path::Host) => {
+        (None, false) => (MrInfo { addr: data as usize, len: size, ..Default::default() }, None),
+        (Some(port), false) => {
             let (info, mr) = verbs_register(port, data as usize, size, access_for(c.magic == COMM_MAGIC_SEND))?;
-            (info, Some((mr, port)))
+            (info, Some((mr, port, true)))
         }
-        _ => (MrInfo { addr: data as usize, len: size, path, ..Default::default() }, None),
     };
+    let path = info.path;
     let p = Box::into_raw(Box::new(Mr { magic: MR_MAGIC, info, ty, verbs })) as *mut c_void;
     register(p as usize, Obj::Mr);
     log::trace!("NET/rivet: regMr {data:p} {size} bytes type {ty} path {path:?} -> {p:p}");
@@ -862,8 +965,20 @@ pub fn dereg_mr(_comm: *mut c_void, mh: *mut c_void) -> Result<()> {
     }
     let mut m = unsafe { Box::from_raw(mh as *mut Mr) };
     m.magic = 0;
-    if let Some((mr, port)) = m.verbs {
-        verbs_release(port, mr)?;
+    match m.verbs {
+        Some((mr, port, true)) => verbs_release(port, mr)?,
+        Some((mr, port, false)) => {
+            let v = crate::sys::verbs::get().map_err(|e| Error::system(e.0))?;
+            let rc = unsafe { (v.dereg_mr)(mr as *mut _) };
+            if rc != 0 {
+                return Err(Error::system(format!(
+                    "{}: ibv_dereg_mr of a dma-buf registration failed: {}",
+                    port.dev.name,
+                    std::io::Error::from_raw_os_error(rc)
+                )));
+            }
+        }
+        None => {}
     }
     log::trace!("NET/rivet: deregMr {:#x} {} bytes", m.info.addr, m.info.len);
     Ok(())

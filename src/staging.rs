@@ -307,6 +307,8 @@ pub struct Staged {
     send: bool,
     label: String,
     pub copier: Option<Box<dyn Copier>>,
+    /// The GPU this comm's GPU buffers belong to, and the GDR-or-staging decision for it.
+    pub gpu: Option<(i32, crate::gdr::Decision)>,
     registrar: Box<dyn Registrar>,
     pool: Pool,
     slots: Vec<Managed>,
@@ -330,6 +332,7 @@ impl Staged {
             send,
             label,
             copier: None,
+            gpu: None,
             registrar,
             pool: Pool::default(),
             slots: (0..MANAGED).map(|_| Managed::Free).collect(),

@@ -76,29 +76,30 @@ pub unsafe extern "C" fn reg_mr_int(comm: *mut c_void, data: *mut c_void, size: 
     boundary("regMr", || {
         let size = usize::try_from(size).map_err(|_| Error::arg(format!("regMr with negative size {size}")))?;
         super::ffi::nonnull(mh, "mhandle")?;
-        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty)?)
+        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty, None)?)
     })
 }
 
 pub unsafe extern "C" fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: c_int, mh: *mut *mut c_void) -> ncclResult_t {
     boundary("regMr", || {
         super::ffi::nonnull(mh, "mhandle")?;
-        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty)?)
+        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty, None)?)
     })
 }
 
+/// The fd is used for the registration only: NCCL closes it when this returns.
 pub unsafe extern "C" fn reg_mr_dmabuf(
     comm: *mut c_void,
     data: *mut c_void,
     size: usize,
     ty: c_int,
-    _offset: u64,
-    _fd: c_int,
+    offset: u64,
+    fd: c_int,
     mh: *mut *mut c_void,
 ) -> ncclResult_t {
     boundary("regMrDmaBuf", || {
         super::ffi::nonnull(mh, "mhandle")?;
-        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty)?)
+        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty, Some((offset, fd)))?)
     })
 }
 

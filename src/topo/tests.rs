@@ -167,3 +167,46 @@ fn bus_ids_and_json() {
     assert!(j.contains(r#"{"gpu": "0000:00:05.0", "nic": "rxe0", "nic_pci": null, "path": "UNKNOWN", "gpu_numa": null, "nic_numa": null}"#), "{j}");
     assert!(j.contains(r#""nic": "eth0", "nic_pci": "0000:00:03.0", "path": "PHB""#), "{j}");
 }
+
+/// The GDR decision on each fixture machine, through the same `locate` the plugin uses: every
+/// path class, with a GPU and NIC that support GDR and the default RIVET_GDR_LEVEL (PXB).
+#[test]
+fn gdr_decision_on_fixtures() {
+    use crate::gdr::{decide, locate, Decision, Facts, Mode, Via};
+    let decide_on = |t: &Topology, gpu: &str, nic: &str| {
+        let (path, gpu_numa, nic_numa) = locate(t, gpu, nic);
+        let f = Facts {
+            mode: Mode::Auto,
+            level: PathClass::Pxb,
+            path,
+            gpu_numa,
+            nic_numa,
+            gpu_gdr: true,
+            peermem: None,
+            dmabuf: Ok(()),
+            via: Via::DmaBuf,
+        };
+        decide(&f)
+    };
+    let f = fixture::dgx_h100();
+    let t = Topology::probe(&f.root);
+    let gpu0 = "0000:15:00.0";
+    assert_eq!(decide_on(&t, gpu0, "mlx5_0"), Decision::Gdr("path PIX, dma-buf".into()));
+    assert_eq!(decide_on(&t, gpu0, "mlx5_1"), Decision::Gdr("path PXB, dma-buf".into()));
+    assert_eq!(decide_on(&t, gpu0, "mlx5_2"), Decision::Staging("path PHB, NUMA 0 → 0 (RIVET_GDR_LEVEL=PXB)".into()));
+    assert_eq!(decide_on(&t, gpu0, "mlx5_3"), Decision::Staging("path NODE, NUMA 0 → 0 (RIVET_GDR_LEVEL=PXB)".into()));
+    assert_eq!(decide_on(&t, gpu0, "mlx5_4"), Decision::Staging("path SYS, NUMA 0 → 1 (RIVET_GDR_LEVEL=PXB)".into()));
+    // Every GPU has its own NIC under its switch.
+    for g in &t.gpus {
+        let gdr = t.nics.iter().filter(|n| matches!(decide_on(&t, &g.addr, &n.name), Decision::Gdr(_))).count();
+        assert!(gdr >= 1, "GPU {} has no GDR NIC", g.addr);
+    }
+
+    let f = fixture::two_socket();
+    let t = Topology::probe(&f.root);
+    assert_eq!(decide_on(&t, "0000:01:00.0", "mlx5_0"), Decision::Staging("path SYS, NUMA 0 → 1 (RIVET_GDR_LEVEL=PXB)".into()));
+
+    let f = fixture::vm();
+    let t = Topology::probe(&f.root);
+    assert!(matches!(decide_on(&t, "0000:00:05.0", "rxe0"), Decision::Staging(s) if s.starts_with("path UNKNOWN")));
+}

@@ -29,7 +29,7 @@ use crate::proto::verbs::{
 };
 use crate::sys::ib::*;
 use crate::sys::verbs::{self, wc_status_hint, wc_status_name};
-use crate::transport::{Conn, MrInfo, RecvBuf, MAX_RECVS};
+use crate::transport::{Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -464,7 +464,8 @@ impl VerbsSend {
 
     /// One eager write into the receiver's ring: header (+ payload). Returns whether it went
     /// inline and unsignaled: the payload was copied at post time, nothing to wait for.
-    fn post_eager(&mut self, hdr_slot: usize, h: EagerHdr, data: u64, lkey: u32, wr_id: u64) -> Result<bool> {
+    /// `on_gpu`: the payload is GPU memory, which only the NIC may read (never inline).
+    fn post_eager(&mut self, hdr_slot: usize, h: EagerHdr, data: u64, lkey: u32, wr_id: u64, on_gpu: bool) -> Result<bool> {
         let slot = (self.eager_sent % self.ring.slots as u64) as usize;
         let hp = unsafe { self.hdrs.buf.ptr().add(hdr_slot * EAGER_HDR) as *mut EagerHdr };
         unsafe { hp.write(h) };
@@ -475,7 +476,7 @@ impl VerbsSend {
         self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, remote, self.ring.rkey, if size > 0 { 2 } else { 1 });
         self.wrs[0].sg_list = self.sges.as_mut_ptr();
         self.wrs[0].__bindgen_anon_1.imm_data = Imm::Eager(slot as u32).encode().to_be();
-        let inline = EAGER_HDR + size <= self.qps[0].qp().max_inline as usize;
+        let inline = !on_gpu && EAGER_HDR + size <= self.qps[0].qp().max_inline as usize;
         self.unsignaled += 1;
         let quiet = inline && self.unsignaled < SIGNAL_EVERY;
         self.wrs[0].send_flags = if inline { IBV_SEND_INLINE } else { 0 };
@@ -590,7 +591,8 @@ impl Conn for VerbsSend {
                 flags |= EAGER_URGENT;
             }
             let h = EagerHdr { seq, flags, size: size as u64, tag, _pad: [0; 3] };
-            let quiet = match self.post_eager(idx as usize, h, data as u64, lkey, (KIND_SEND << KIND_SHIFT) | idx as u64) {
+            let on_gpu = !mr.is_null() && unsafe { (*mr).path } == Path::Gdr;
+            let quiet = match self.post_eager(idx as usize, h, data as u64, lkey, (KIND_SEND << KIND_SHIFT) | idx as u64, on_gpu) {
                 Ok(q) => q,
                 Err(e) => {
                     self.free.push(idx);
@@ -608,7 +610,7 @@ impl Conn for VerbsSend {
             if self.rts_for != Some(seq) && self.free_slots() > 0 {
                 let hdr_slot = SEND_REQS + (seq as usize % RTS_HDRS);
                 let h = EagerHdr { seq, flags: EAGER_RTS | EAGER_URGENT, size: size as u64, tag, _pad: [0; 3] };
-                self.post_eager(hdr_slot, h, 0, 0, KIND_CTRL << KIND_SHIFT)?;
+                self.post_eager(hdr_slot, h, 0, 0, KIND_CTRL << KIND_SHIFT, false)?;
                 self.rts_for = Some(seq);
             }
             return self.back_pressure();
@@ -690,6 +692,8 @@ impl Conn for VerbsSend {
 #[derive(Clone, Copy, Default)]
 struct Entry {
     buf: u64,
+    /// The buffer is GPU memory registered for GPUDirect RDMA: eager bytes reach it by a CUDA copy.
+    gpu: bool,
     size: u64,
     tag: i32,
     done: bool,
@@ -879,7 +883,11 @@ impl VerbsRecv {
                     let e = Error::remote(format!("{}: corrupt eager header (size {})", self.c.where_(0), h.size));
                     return Err(self.c.die(e));
                 }
-                if h.size > 0 {
+                if h.size > 0 && en.gpu {
+                    if let Err(e) = crate::cuda::copy_to_device_sync(en.buf as usize, unsafe { p.add(EAGER_HDR) }, h.size as usize) {
+                        return Err(self.c.die(Error::system(format!("{}: eager message into GPU memory: {e}", self.c.where_(0)))));
+                    }
+                } else if h.size > 0 {
                     unsafe { std::ptr::copy_nonoverlapping(p.add(EAGER_HDR), en.buf as *mut u8, h.size as usize) };
                 }
                 let rq = &mut self.reqs[owner as usize];
@@ -977,7 +985,8 @@ impl Conn for VerbsRecv {
                 keys[i] = mr_for(b.mr, b.ptr as usize, b.size, dev, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkey;
             }
             large |= b.size > self.eager_max;
-            entries[i] = Entry { buf: b.ptr as u64, size: b.size as u64, tag: b.tag, ..Default::default() };
+            let gpu = !b.mr.is_null() && unsafe { (*b.mr).path } == Path::Gdr;
+            entries[i] = Entry { buf: b.ptr as u64, gpu, size: b.size as u64, tag: b.tag, ..Default::default() };
         }
         let Some(idx) = self.free.pop() else { return Ok(None) };
         let base = self.next_base;

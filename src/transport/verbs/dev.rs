@@ -26,6 +26,8 @@ pub struct IbDevice {
     pub mrs: Mutex<MrCache<usize>>,
     /// Register with IBV_ACCESS_RELAXED_ORDERING (through ibv_reg_mr_iova2).
     pub relaxed_ordering: bool,
+    /// Whether the NIC registers dma-buf memory (the `ibv_reg_dmabuf_mr` probe), or why not.
+    pub dmabuf: std::result::Result<(), String>,
     /// Device-wide fatal asynchronous events seen (DEVICE_FATAL, CQ_ERR).
     pub fatal_events: AtomicU32,
     pub fatal_reason: Mutex<Option<String>>,
@@ -122,6 +124,47 @@ impl IbDevice {
                 self.name,
                 std::io::Error::last_os_error(),
                 memlock_hint()
+            )));
+        }
+        Ok(mr)
+    }
+}
+
+/// Whether `ibv_reg_dmabuf_mr` works on this device, asked with fd -1: a driver without dma-buf
+/// support answers EOPNOTSUPP (or EPROTONOSUPPORT); one with it rejects the fd (EBADF).
+fn probe_dmabuf(v: &Verbs, pd: *mut ibv_pd, name: &str) -> std::result::Result<(), String> {
+    let Some(f) = v.reg_dmabuf_mr else {
+        return Err("libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or newer has it)".into());
+    };
+    let mr = unsafe { f(pd, 0, page_size(), 0, -1, IBV_ACCESS_LOCAL_WRITE as c_int) };
+    if !mr.is_null() {
+        unsafe { (v.dereg_mr)(mr) };
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::EPROTONOSUPPORT) => {
+            Err(format!("{name} does not support dma-buf registration ({e})"))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl IbDevice {
+    /// Register a dma-buf: `len` bytes at `offset` in the dma-buf `fd`, addressed as `iova`
+    /// (the GPU virtual address NCCL uses). The fd is not kept: NCCL closes it after the call.
+    pub fn register_dmabuf(&self, offset: u64, len: usize, iova: u64, fd: c_int, access: i32) -> Result<*mut ibv_mr> {
+        let v = verbs::get().map_err(|e| Error::system(e.0))?;
+        let Some(f) = v.reg_dmabuf_mr else {
+            return Err(Error::system("libibverbs has no ibv_reg_dmabuf_mr"));
+        };
+        let acc = if self.relaxed_ordering { access | IBV_ACCESS_RELAXED_ORDERING as i32 } else { access };
+        let mr = unsafe { f(self.pd, offset, len, iova, fd, acc) };
+        if mr.is_null() {
+            return Err(Error::system(format!(
+                "{}: ibv_reg_dmabuf_mr of {len} bytes at offset {offset} of fd {fd} (iova {iova:#x}) failed: {}",
+                self.name,
+                std::io::Error::last_os_error()
             )));
         }
         Ok(mr)
@@ -376,6 +419,7 @@ fn open_device(
         pci_path,
         mrs: Mutex::new(MrCache::new(page_size())),
         relaxed_ordering,
+        dmabuf: probe_dmabuf(v, pd, name),
         fatal_events: AtomicU32::new(0),
         fatal_reason: Mutex::new(None),
         bad_qps: Mutex::new(Vec::new()),
