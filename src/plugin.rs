@@ -155,12 +155,17 @@ pub fn init(logger: ncclDebugLogger_t, abi: u32) -> Result<()> {
             match &d.ib {
                 Some(p) => log::info!(
                     target: INIT,
-                    "NET/rivet: device {i}: {} speed {} Mb/s pci {} guid {:#x}{}",
+                    "NET/rivet: device {i}: {} speed {} Mb/s pci {} guid {:#x}{}; GPUDirect: peer memory {}, dma-buf {}",
                     p.describe(),
                     d.speed,
                     pci(d),
                     d.guid,
-                    if p.dev.relaxed_ordering { " [RO]" } else { "" }
+                    if p.dev.relaxed_ordering { " [RO]" } else { "" },
+                    gdr::peermem(&topology().root).unwrap_or("none (no nvidia_peermem or nv_peer_mem module)"),
+                    match &p.dev.dmabuf {
+                        Ok(()) => "yes".to_string(),
+                        Err(why) => format!("no ({why})"),
+                    }
                 ),
                 None => log::info!(
                     target: INIT,

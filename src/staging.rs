@@ -17,7 +17,7 @@
 
 use crate::cuda;
 use crate::error::{Error, Result};
-use crate::transport::{Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
+use crate::transport::{path_of, Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 
@@ -140,17 +140,21 @@ impl Drop for CudaCopier {
 
 /// memcpy between host buffers, standing in for the GPU in tests: copies run when their fence
 /// is first polled, and that poll still says "not reached", so the engine's waiting is exercised.
+/// One deferred copy: (destination, source, length).
+type HostCopy = (usize, usize, usize);
+
 #[derive(Default)]
 pub struct HostCopier {
-    pending: Vec<(usize, usize, usize)>,
-    batches: Vec<(Vec<(usize, usize, usize)>, bool)>,
+    pending: Vec<HostCopy>,
+    /// Per fence: its copies, and whether they have run.
+    batches: Vec<(Vec<HostCopy>, bool)>,
 }
 
 impl HostCopier {
     pub fn new() -> HostCopier {
         HostCopier { pending: Vec::new(), batches: (0..MANAGED).map(|_| (Vec::new(), true)).collect() }
     }
-    fn run(batch: &mut Vec<(usize, usize, usize)>) {
+    fn run(batch: &mut Vec<HostCopy>) {
         for (dst, src, len) in batch.drain(..) {
             unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
         }
@@ -275,13 +279,6 @@ impl Stats {
     }
 }
 
-fn path_of(mr: *const MrInfo) -> Path {
-    if mr.is_null() {
-        Path::Host
-    } else {
-        unsafe { (*mr).path }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The layer.

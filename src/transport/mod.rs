@@ -40,6 +40,17 @@ impl MrInfo {
     }
 }
 
+/// How the buffer behind a registration NCCL passed travels (Host where it passed none).
+pub(crate) fn path_of(mr: *const MrInfo) -> Path {
+    if mr.is_null() {
+        Path::Host
+    } else {
+        // Registrations handed to the data path live until NCCL deregisters them, after the
+        // requests that use them completed.
+        unsafe { (*mr).path }
+    }
+}
+
 /// One buffer of a (possibly grouped) receive.
 #[derive(Debug, Clone, Copy)]
 pub struct RecvBuf {

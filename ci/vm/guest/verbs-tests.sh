@@ -24,7 +24,14 @@ step() { # step NAME COMMAND...
 VERBS $_name $_v (${_dt}s)"
 }
 
-step devices ./rivet info --lib $LIB
+# The devices, and the GPUDirect facts of each: rxe has no dma-buf support (EOPNOTSUPP from the
+# ibv_reg_dmabuf_mr probe) and the guest has no peer-memory module.
+devices() {
+  NCCL_DEBUG=INFO ./rivet info --lib $LIB > /tmp/info.log 2>&1 || { cat /tmp/info.log; return 1; }
+  cat /tmp/info.log
+  [ "$(grep -c 'GPUDirect: peer memory none .*, dma-buf no (rxe[01] does not support dma-buf registration' /tmp/info.log)" = 2 ] || { echo "GPUDirect facts of rxe0/rxe1 not as expected"; return 1; }
+}
+step devices devices
 for api in 12 11 10 9 8 7 6; do
   step "conformance-v$api-rxe0-rxe1" ./conformance --lib $LIB --api $api --dev 0 --dev2 1
   step "conformance-v$api-rxe0-rxe0" ./conformance --lib $LIB --api $api --dev 0 --dev2 0

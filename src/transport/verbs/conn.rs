@@ -29,7 +29,7 @@ use crate::proto::verbs::{
 };
 use crate::sys::ib::*;
 use crate::sys::verbs::{self, wc_status_hint, wc_status_name};
-use crate::transport::{Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
+use crate::transport::{path_of, Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -591,7 +591,7 @@ impl Conn for VerbsSend {
                 flags |= EAGER_URGENT;
             }
             let h = EagerHdr { seq, flags, size: size as u64, tag, _pad: [0; 3] };
-            let on_gpu = !mr.is_null() && unsafe { (*mr).path } == Path::Gdr;
+            let on_gpu = path_of(mr) == Path::Gdr;
             let quiet = match self.post_eager(idx as usize, h, data as u64, lkey, (KIND_SEND << KIND_SHIFT) | idx as u64, on_gpu) {
                 Ok(q) => q,
                 Err(e) => {
@@ -985,7 +985,7 @@ impl Conn for VerbsRecv {
                 keys[i] = mr_for(b.mr, b.ptr as usize, b.size, dev, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkey;
             }
             large |= b.size > self.eager_max;
-            let gpu = !b.mr.is_null() && unsafe { (*b.mr).path } == Path::Gdr;
+            let gpu = path_of(b.mr) == Path::Gdr;
             entries[i] = Entry { buf: b.ptr as u64, gpu, size: b.size as u64, tag: b.tag, ..Default::default() };
         }
         let Some(idx) = self.free.pop() else { return Ok(None) };
