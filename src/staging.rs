@@ -21,8 +21,15 @@ use crate::transport::{path_of, Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 
-/// Requests the engine manages at once per comm (each holds at most one copy event).
+/// Requests the engine manages at once per comm.
 pub const MANAGED: usize = 64;
+/// A staged send is copied in up to this many chunks, each with its own fence, so the transport
+/// sends the first chunk while the next is still being copied.
+pub const MAX_CHUNKS: usize = 4;
+/// Smallest chunk; a send below twice this is copied in one piece.
+pub const CHUNK_MIN: usize = 128 << 10;
+/// Fence ids: MAX_CHUNKS per managed request (request m uses m * MAX_CHUNKS + chunk).
+pub const FENCES: usize = MANAGED * MAX_CHUNKS;
 
 /// Moves bytes between device and host memory, asynchronously, in batches ended by a fence.
 pub trait Copier: Send {
@@ -32,7 +39,7 @@ pub trait Copier: Send {
     fn alloc(&mut self, len: usize) -> Result<HostMem>;
     fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()>;
     fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()>;
-    /// End the batch of copies issued since the last fence; `id` < MANAGED names it.
+    /// End the batch of copies issued since the last fence; `id` < FENCES names it.
     fn fence(&mut self, id: usize) -> Result<()>;
     /// Whether every copy before fence `id` has completed.
     fn reached(&mut self, id: usize) -> Result<bool>;
@@ -86,7 +93,7 @@ pub struct CudaCopier {
 impl CudaCopier {
     pub fn new(ordinal: i32, bus_id: String) -> Result<CudaCopier> {
         let ctx = cuda::Context::primary(ordinal)?;
-        let stream = ctx.with(|| cuda::Stream::new(MANAGED))?;
+        let stream = ctx.with(|| cuda::Stream::new(FENCES))?;
         Ok(CudaCopier { stream: ManuallyDrop::new(stream), ctx: ManuallyDrop::new(ctx), ordinal, bus_id })
     }
 }
@@ -152,7 +159,7 @@ pub struct HostCopier {
 
 impl HostCopier {
     pub fn new() -> HostCopier {
-        HostCopier { pending: Vec::new(), batches: (0..MANAGED).map(|_| (Vec::new(), true)).collect() }
+        HostCopier { pending: Vec::new(), batches: (0..FENCES).map(|_| (Vec::new(), true)).collect() }
     }
     fn run(batch: &mut Vec<HostCopy>) {
         for (dst, src, len) in batch.drain(..) {
@@ -178,6 +185,8 @@ impl Copier for HostCopier {
     }
     fn fence(&mut self, id: usize) -> Result<()> {
         let b = &mut self.batches[id];
+        // A fence reused before it was reached belonged to a cancelled request.
+        b.0.clear();
         b.0.append(&mut self.pending);
         b.1 = false;
         Ok(())
@@ -269,6 +278,8 @@ pub struct Counter {
 pub struct Stats {
     /// Indexed by `Path as usize`: host, staged, GDR.
     pub by_path: [Counter; 3],
+    /// Staged sends handed to the transport before their copy had finished.
+    pub pipelined: u64,
 }
 
 impl Stats {
@@ -283,10 +294,43 @@ impl Stats {
 // ---------------------------------------------------------------------------------------------
 // The layer.
 
+/// The chunks of a staged send's copy: where each ends, and how many have completed.
+#[derive(Clone, Copy)]
+struct Chunks {
+    n: usize,
+    done: usize,
+    ends: [usize; MAX_CHUNKS],
+}
+
+impl Chunks {
+    fn split(size: usize) -> Chunks {
+        let n = if size == 0 { 0 } else { (size / CHUNK_MIN).clamp(1, MAX_CHUNKS) };
+        let mut ends = [size; MAX_CHUNKS];
+        if n > 1 {
+            let chunk = size.div_ceil(n).next_multiple_of(4096);
+            for (i, e) in ends.iter_mut().enumerate().take(n) {
+                *e = ((i + 1) * chunk).min(size);
+            }
+        }
+        Chunks { n, done: 0, ends }
+    }
+
+    /// Bytes copied so far.
+    fn ready(&self) -> usize {
+        if self.done == 0 {
+            0
+        } else {
+            self.ends[self.done - 1]
+        }
+    }
+}
+
 enum Managed {
     Free,
-    /// A staged send whose device → host copy is running (fence = this slot).
-    SendCopying { bounce: Bounce, size: usize, tag: i32 },
+    /// A staged send whose device → host copy is running, chunk by chunk (fences
+    /// m * MAX_CHUNKS + chunk); `inner` once handed to the transport, which has been told that
+    /// `told` bytes are ready.
+    SendStaged { bounce: Bounce, size: usize, tag: i32, chunks: Chunks, inner: Option<u32>, told: usize },
     /// A send waiting for earlier staged sends to go first.
     SendWaiting { data: *const u8, size: usize, tag: i32, mr: *const MrInfo },
     /// Handed to the transport under `inner`; `bounce` returns to the pool when it completes.
@@ -312,6 +356,8 @@ pub struct Staged {
     free: Vec<u32>,
     /// Managed sends not yet handed to the transport, oldest first.
     queue: VecDeque<u32>,
+    /// Staged sends handed to the transport before their copy finished.
+    partial: Vec<u32>,
     /// Path of the first buffer of each pass-through receive, by transport slot (for stats).
     recv_path: Vec<[Path; MAX_RECVS]>,
     stats: Stats,
@@ -335,6 +381,7 @@ impl Staged {
             slots: (0..MANAGED).map(|_| Managed::Free).collect(),
             free: (0..MANAGED as u32).rev().collect(),
             queue: VecDeque::with_capacity(MANAGED),
+            partial: Vec::with_capacity(MANAGED),
             recv_path: vec![[Path::Host; MAX_RECVS]; if send { 0 } else { icap }],
             stats: Stats::default(),
             stats_on: crate::config::get().stats,
@@ -357,7 +404,7 @@ impl Staged {
     }
 
     fn release_slot(&mut self, m: u32) {
-        if let Managed::SendCopying { bounce, .. } | Managed::SendPosted { bounce: Some(bounce), .. } =
+        if let Managed::SendStaged { bounce, .. } | Managed::SendPosted { bounce: Some(bounce), .. } =
             std::mem::replace(&mut self.slots[m as usize], Managed::Free)
         {
             self.pool.put(bounce);
@@ -365,27 +412,76 @@ impl Staged {
         self.free.push(m);
     }
 
-    /// Hand waiting sends to the transport in order, as far as copies and back-pressure allow.
+    /// Count the completed chunks of staged send `m`'s copy; returns (bytes ready, size).
+    fn advance(&mut self, m: u32) -> Result<(usize, usize)> {
+        let copier = match self.copier.as_deref_mut() {
+            Some(c) => c,
+            None => return Err(Error::internal("staging: a staged send on a comm without a copier")),
+        };
+        let Managed::SendStaged { chunks, size, .. } = &mut self.slots[m as usize] else {
+            return Err(Error::internal("staging: a partial send in an unexpected state"));
+        };
+        while chunks.done < chunks.n && copier.reached(m as usize * MAX_CHUNKS + chunks.done)? {
+            chunks.done += 1;
+        }
+        Ok((chunks.ready(), *size))
+    }
+
+    /// Tell the transport how much more of each partially handed-over send is ready, then hand
+    /// waiting sends over in order, as far as copies and back-pressure allow.
     fn progress_sends(&mut self) -> Result<()> {
-        while let Some(&m) = self.queue.front() {
-            let (data, size, tag, mr) = match &self.slots[m as usize] {
-                Managed::SendCopying { bounce, size, tag } => {
-                    let (p, s, t, mr) = (bounce.ptr as *const u8, *size, *tag, &*bounce.mr as *const MrInfo);
-                    if !self.copier()?.reached(m as usize)? {
-                        return Ok(());
-                    }
-                    (p, s, t, mr)
+        let mut i = 0;
+        while i < self.partial.len() {
+            let m = self.partial[i];
+            let (ready, size) = self.advance(m)?;
+            let Managed::SendStaged { inner: Some(inner), told, .. } = &mut self.slots[m as usize] else {
+                return Err(Error::internal("staging: a partial send in an unexpected state"));
+            };
+            let inner = *inner;
+            if ready > *told {
+                *told = ready;
+                self.inner.set_ready(inner, ready)?;
+            }
+            if ready == size {
+                self.partial.swap_remove(i);
+                if let Managed::SendStaged { bounce, .. } = std::mem::replace(&mut self.slots[m as usize], Managed::Free) {
+                    self.slots[m as usize] = Managed::SendPosted { inner, bounce: Some(bounce) };
                 }
-                Managed::SendWaiting { data, size, tag, mr } => (*data, *size, *tag, *mr),
+            } else {
+                i += 1;
+            }
+        }
+        while let Some(&m) = self.queue.front() {
+            let (data, size, tag, mr, ready) = match &self.slots[m as usize] {
+                Managed::SendStaged { .. } => {
+                    let (ready, size) = self.advance(m)?;
+                    let Managed::SendStaged { bounce, tag, .. } = &self.slots[m as usize] else { unreachable!() };
+                    if ready == 0 && size > 0 {
+                        return Ok(()); // not even the first chunk yet
+                    }
+                    (bounce.ptr as *const u8, size, *tag, &*bounce.mr as *const MrInfo, ready)
+                }
+                Managed::SendWaiting { data, size, tag, mr } => (*data, *size, *tag, *mr, *size),
                 _ => return Err(Error::internal("staging: a queued send in an unexpected state")),
             };
-            let Some(inner) = self.inner.isend(data, size, tag, mr)? else { return Ok(()) };
+            let Some(inner) = self.inner.isend_partial(data, size, tag, mr, ready)? else { return Ok(()) };
             self.queue.pop_front();
-            let bounce = match std::mem::replace(&mut self.slots[m as usize], Managed::Free) {
-                Managed::SendCopying { bounce, .. } => Some(bounce),
-                _ => None,
-            };
-            self.slots[m as usize] = Managed::SendPosted { inner, bounce };
+            let slot = &mut self.slots[m as usize];
+            match slot {
+                Managed::SendStaged { inner: i, told, .. } if ready < size => {
+                    *i = Some(inner);
+                    *told = ready;
+                    self.partial.push(m);
+                    self.stats.pipelined += 1;
+                }
+                _ => {
+                    let bounce = match std::mem::replace(slot, Managed::Free) {
+                        Managed::SendStaged { bounce, .. } => Some(bounce),
+                        _ => None,
+                    };
+                    *slot = Managed::SendPosted { inner, bounce };
+                }
+            }
         }
         Ok(())
     }
@@ -430,13 +526,20 @@ impl Conn for Staged {
                 return Err(e);
             }
         };
+        let chunks = Chunks::split(size);
         let r = (|| {
-            if size > 0 {
-                copier.to_host(bounce.ptr, data as usize, size)?;
+            let mut lo = 0;
+            for c in 0..chunks.n {
+                let hi = chunks.ends[c];
+                if hi > lo {
+                    copier.to_host(unsafe { bounce.ptr.add(lo) }, data as usize + lo, hi - lo)?;
+                }
+                copier.fence(m as usize * MAX_CHUNKS + c)?;
+                lo = hi;
             }
-            copier.fence(m as usize)
+            Ok(())
         })();
-        self.slots[m as usize] = Managed::SendCopying { bounce, size, tag };
+        self.slots[m as usize] = Managed::SendStaged { bounce, size, tag, chunks, inner: None, told: 0 };
         if let Err(e) = r {
             self.release_slot(m);
             return Err(e);
@@ -519,7 +622,7 @@ impl Conn for Staged {
     }
 
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
-        if !self.queue.is_empty() {
+        if !self.queue.is_empty() || !self.partial.is_empty() {
             self.progress_sends()?;
         }
         let slot = slot as usize;
@@ -538,7 +641,7 @@ impl Conn for Staged {
         }
         match &mut self.slots[m] {
             Managed::Free => Err(Error::internal("test on a request that is not in flight (already completed?)")),
-            Managed::SendCopying { .. } | Managed::SendWaiting { .. } => Ok(None),
+            Managed::SendStaged { .. } | Managed::SendWaiting { .. } => Ok(None),
             Managed::SendPosted { inner, .. } => {
                 let r = self.inner.test(*inner, sizes)?;
                 if r.is_some() {
@@ -558,7 +661,7 @@ impl Conn for Staged {
                         }
                     }
                 }
-                copier.fence(m)?;
+                copier.fence(m * MAX_CHUNKS)?;
                 if self.stats_on {
                     for (i, s) in staged.iter().enumerate().take(n) {
                         self.stats.add(if s.is_some() { Path::Staged } else { Path::Host }, sizes[i]);
@@ -568,7 +671,7 @@ impl Conn for Staged {
                 Ok(None)
             }
             Managed::RecvCopying { .. } => {
-                if !self.copier()?.reached(m)? {
+                if !self.copier()?.reached(m * MAX_CHUNKS)? {
                     return Ok(None);
                 }
                 let Managed::RecvCopying { n, sizes: got, staged } = std::mem::replace(&mut self.slots[m], Managed::Free)
@@ -630,7 +733,7 @@ impl Drop for Staged {
             let total: u64 = s.iter().map(|c| c.bytes).sum();
             let msgs: u64 = s.iter().map(|c| c.msgs).sum();
             log::info!(
-                "NET/rivet: stats {} closed: {} {} in {msgs} messages: GDR {} / {}, staged {} / {}, host {} / {}",
+                "NET/rivet: stats {} closed: {} {} in {msgs} messages: GDR {} / {}, staged {} / {}, host {} / {}{}",
                 self.label,
                 if self.send { "sent" } else { "received" },
                 human(total),
@@ -640,6 +743,11 @@ impl Drop for Staged {
                 s[Path::Staged as usize].msgs,
                 human(s[Path::Host as usize].bytes),
                 s[Path::Host as usize].msgs,
+                if self.stats.pipelined > 0 {
+                    format!(" ({} staged sends pipelined with their copy)", self.stats.pipelined)
+                } else {
+                    String::new()
+                },
             );
         }
     }
@@ -656,6 +764,25 @@ mod tests {
         assert_eq!(class_of(4097), 13);
         assert_eq!(class_of(1 << 20), 20);
         assert_eq!(class_of((1 << 20) + 1), 21);
+    }
+
+    #[test]
+    fn chunks() {
+        let c = Chunks::split(0);
+        assert_eq!((c.n, c.ready()), (0, 0));
+        let c = Chunks::split(1000);
+        assert_eq!((c.n, c.ends[0]), (1, 1000));
+        let c = Chunks::split(2 * CHUNK_MIN);
+        assert_eq!((c.n, c.ends[0], c.ends[1]), (2, CHUNK_MIN, 2 * CHUNK_MIN));
+        let mut c = Chunks::split(16 << 20);
+        assert_eq!(c.n, MAX_CHUNKS);
+        assert_eq!(c.ends, [4 << 20, 8 << 20, 12 << 20, 16 << 20]);
+        c.done = 2;
+        assert_eq!(c.ready(), 8 << 20);
+        let c = Chunks::split(3 * CHUNK_MIN + 5);
+        assert_eq!(c.n, 3);
+        assert_eq!(c.ends[2], 3 * CHUNK_MIN + 5);
+        assert!(c.ends[0] % 4096 == 0 && c.ends[0] < c.ends[1] && c.ends[1] < c.ends[2]);
     }
 
     #[test]

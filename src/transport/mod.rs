@@ -75,6 +75,21 @@ pub trait Conn: Send {
     fn isend(&mut self, _data: *const u8, _size: usize, _tag: i32, _mr: *const MrInfo) -> Result<Option<u32>> {
         Err(Error::internal("isend called on a receive comm"))
     }
+    /// Post a send of which only the first `ready` bytes (< `size`) can be read yet, for the
+    /// staging engine to overlap its device-to-host copy with the network: `set_ready` raises
+    /// the mark as the copy proceeds. A transport that cannot send part of a message answers
+    /// with back-pressure until all of it is ready.
+    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo, ready: usize) -> Result<Option<u32>> {
+        if ready >= size {
+            self.isend(data, size, tag, mr)
+        } else {
+            Ok(None)
+        }
+    }
+    /// More of a partial send's bytes can be read: the first `ready` of them.
+    fn set_ready(&mut self, _slot: u32, _ready: usize) -> Result<()> {
+        Ok(())
+    }
     /// Post a receive of 1..=MAX_RECVS buffers; `Ok(None)` is back-pressure.
     fn irecv(&mut self, _bufs: &[RecvBuf]) -> Result<Option<u32>> {
         Err(Error::internal("irecv called on a send comm"))

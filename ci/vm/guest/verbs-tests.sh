@@ -46,6 +46,7 @@ staged() {
   NCCL_DEBUG=INFO RIVET_STATS=1 RIVET_STAGE_HOST=1 ./conformance -v --lib $LIB --api "$1" --dev 0 --dev2 1 > /tmp/st.log 2>&1 || { cat /tmp/st.log; return 1; }
   grep '^PASS' /tmp/st.log
   grep -q 'staged [^/]*/ [1-9]' /tmp/st.log || { echo "no message went through the staging engine"; return 1; }
+  grep -q 'staged sends pipelined with their copy' /tmp/st.log || { echo "no staged send was handed to the transport before its copy finished"; return 1; }
   grep -q 'host [^/]*/ [1-9]' /tmp/st.log && { echo "a registered buffer bypassed the staging engine"; grep 'stats ' /tmp/st.log; return 1; }
   return 0
 }

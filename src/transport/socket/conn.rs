@@ -23,7 +23,11 @@ struct Task {
     ptr: *mut u8,
     len: usize,
     off: usize,
+    /// Offset of `ptr` in its message, for a send's ready mark; `HDR` for a header.
+    base: usize,
 }
+
+const HDR: usize = usize::MAX;
 
 struct Streams {
     _fds: Vec<OwnedFd>,
@@ -115,6 +119,8 @@ impl Streams {
 struct SendSlot {
     hdr: [u8; MSG_HDR_SIZE],
     size: usize,
+    /// Bytes of the message that can be read (all but for a partial send).
+    ready: usize,
     pending: u32,
     busy: bool,
 }
@@ -132,7 +138,7 @@ unsafe impl Send for SendConn {}
 impl SendConn {
     pub fn new(fds: Vec<OwnedFd>, peer: SocketAddr, min_chunk: usize) -> SendConn {
         let slots = (0..SEND_SLOTS)
-            .map(|_| SendSlot { hdr: [0; MSG_HDR_SIZE], size: 0, pending: 0, busy: false })
+            .map(|_| SendSlot { hdr: [0; MSG_HDR_SIZE], size: 0, ready: 0, pending: 0, busy: false })
             .collect::<Vec<_>>()
             .into_boxed_slice();
         SendConn {
@@ -167,10 +173,18 @@ impl SendConn {
             }
             self.iov.clear();
             for t in q.iter().take(MAX_IOV) {
-                self.iov.push(libc::iovec {
-                    iov_base: unsafe { t.ptr.add(t.off) } as *mut libc::c_void,
-                    iov_len: t.len - t.off,
-                });
+                // A partial send's bytes go only as far as its ready mark; nothing behind them
+                // on this stream may overtake.
+                let end = if t.base == HDR { t.len } else { t.len.min(self.slots[t.slot as usize].ready.saturating_sub(t.base)) };
+                if end > t.off {
+                    self.iov.push(libc::iovec { iov_base: unsafe { t.ptr.add(t.off) } as *mut libc::c_void, iov_len: end - t.off });
+                }
+                if end < t.len {
+                    break;
+                }
+            }
+            if self.iov.is_empty() {
+                return Ok(());
             }
             let n = match sock::send_iov(self.s.raw[j], &self.iov) {
                 Ok(Io::Done(n)) => n,
@@ -196,7 +210,13 @@ impl SendConn {
 impl Conn for SendConn {
     // `data` comes from NCCL through plugin::isend, which checked it against NULL.
     #[allow(clippy::not_unsafe_ptr_arg_deref)]
-    fn isend(&mut self, data: *const u8, size: usize, tag: i32, _mr: *const MrInfo) -> Result<Option<u32>> {
+    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo) -> Result<Option<u32>> {
+        self.isend_partial(data, size, tag, mr, size)
+    }
+
+    // As isend.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, _mr: *const MrInfo, ready: usize) -> Result<Option<u32>> {
         self.s.check()?;
         let Some(slot) = self.free.pop() else { return Ok(None) };
         let seq = self.next_seq;
@@ -204,23 +224,30 @@ impl Conn for SendConn {
         let sl = &mut self.slots[slot as usize];
         MsgHeader { seq, size: size as u64, tag }.encode(&mut sl.hdr);
         sl.size = size;
+        sl.ready = ready.min(size);
         sl.busy = true;
         let (k, chunk) = split(size, self.s.raw.len(), self.s.min_chunk);
         let hdr_ptr = sl.hdr.as_mut_ptr();
-        self.s.queues[0].push_back(Task { slot, ptr: hdr_ptr, len: MSG_HDR_SIZE, off: 0 });
+        self.s.queues[0].push_back(Task { slot, ptr: hdr_ptr, len: MSG_HDR_SIZE, off: 0, base: HDR });
         let mut pending = 1;
         if size > 0 {
             for j in 0..k {
                 let lo = j * chunk;
                 let hi = ((j + 1) * chunk).min(size);
                 let ptr = unsafe { data.add(lo) } as *mut u8;
-                self.s.queues[j].push_back(Task { slot, ptr, len: hi - lo, off: 0 });
+                self.s.queues[j].push_back(Task { slot, ptr, len: hi - lo, off: 0, base: lo });
                 pending += 1;
             }
         }
         self.slots[slot as usize].pending = pending;
         self.progress()?;
         Ok(Some(slot))
+    }
+
+    fn set_ready(&mut self, slot: u32, ready: usize) -> Result<()> {
+        let sl = self.slots.get_mut(slot as usize).ok_or_else(|| Error::internal("request slot out of range"))?;
+        sl.ready = sl.ready.max(ready.min(sl.size));
+        self.progress()
     }
 
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
@@ -410,7 +437,7 @@ impl RecvConn {
             for j in 0..k {
                 let lo = j * chunk;
                 let hi = ((j + 1) * chunk).min(size);
-                self.s.queues[j].push_back(Task { slot, ptr: unsafe { base.add(lo) }, len: hi - lo, off: 0 });
+                self.s.queues[j].push_back(Task { slot, ptr: unsafe { base.add(lo) }, len: hi - lo, off: 0, base: HDR });
             }
             self.slots[slot as usize].pending += k as u32;
         }

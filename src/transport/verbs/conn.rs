@@ -361,6 +361,23 @@ struct SendReq {
     size: usize,
 }
 
+/// A rendezvous send's writes: where they go and how far each QP's part has been posted (a
+/// partial send posts its parts as the staging engine's copy makes them ready).
+#[derive(Clone, Copy, Default)]
+struct Rdv {
+    data: u64,
+    lkey: u32,
+    size: usize,
+    addr: u64,
+    rkey: u32,
+    /// Immediate data (network order) that completes each QP's part.
+    imm: u32,
+    sizes_off: u64,
+    posted: [usize; crate::proto::verbs::MAX_QPS],
+    /// A bit per QP whose part is fully posted (its completing write included).
+    closed: u32,
+}
+
 /// Where the sender's eager messages go.
 pub struct Ring {
     pub addr: u64,
@@ -395,6 +412,7 @@ pub struct VerbsSend {
     /// Eager writes posted unsignaled since the last signaled one.
     unsignaled: u32,
     reqs: Box<[SendReq]>,
+    rdv: Box<[Rdv]>,
     free: Vec<u16>,
     wrs: [ibv_send_wr; 3],
     sges: [ibv_sge; 3],
@@ -434,11 +452,58 @@ impl VerbsSend {
             rts_for: None,
             unsignaled: 0,
             reqs: vec![empty; SEND_REQS].into_boxed_slice(),
+            rdv: vec![Rdv::default(); SEND_REQS].into_boxed_slice(),
             free,
             wrs: unsafe { std::mem::zeroed() },
             sges: unsafe { std::mem::zeroed() },
             c,
         }
+    }
+
+    /// Post what is newly ready (the first `ready` bytes) of rendezvous send `idx`: per QP, one
+    /// RDMA WRITE of its part's new bytes, and once the part is complete the write that carries
+    /// the immediate (QP 0: the size into the receiver's sizes FIFO) and is signaled.
+    fn post_rdv(&mut self, idx: usize, ready: usize) -> Result<()> {
+        let mut p = self.rdv[idx];
+        let nqps = self.qps.len();
+        let wr_id = (KIND_SEND << KIND_SHIFT) | idx as u64;
+        for q in 0..nqps {
+            if p.closed & (1 << q) != 0 {
+                continue;
+            }
+            let (off, len) = qp_chunk(p.size, nqps, q);
+            let avail = ready.saturating_sub(off).min(len);
+            let mut k = 0;
+            if avail > p.posted[q] {
+                let from = (off + p.posted[q]) as u64;
+                self.sges[k] = ibv_sge { addr: p.data + from, length: (avail - p.posted[q]) as u32, lkey: p.lkey };
+                self.wrs[k] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, p.addr + from, p.rkey, 1);
+                k += 1;
+                p.posted[q] = avail;
+            }
+            if avail == len {
+                if q == 0 {
+                    // The size, then the immediate that completes this QP's part.
+                    self.sges[k] = ibv_sge { addr: self.sizes_out.addr() + p.sizes_off, length: 8, lkey: self.sizes_out.mr.lkey() };
+                    self.wrs[k] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, self.rem_sizes_addr + p.sizes_off, self.rem_sizes_rkey, 1);
+                    self.wrs[k].send_flags |= IBV_SEND_INLINE;
+                    k += 1;
+                } else if k > 0 {
+                    self.wrs[k - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+                } else {
+                    self.wrs[0] = rdma_wr(IBV_WR_SEND_WITH_IMM, wr_id, 0, 0, 0);
+                    k = 1;
+                }
+                self.wrs[k - 1].__bindgen_anon_1.imm_data = p.imm;
+                self.wrs[k - 1].send_flags |= IBV_SEND_SIGNALED;
+                p.closed |= 1 << q;
+            }
+            if k > 0 {
+                self.post(q, k)?;
+            }
+        }
+        self.rdv[idx] = p;
+        Ok(())
     }
 
     fn entry(&self, slot: usize, r: usize) -> Cts {
@@ -574,12 +639,21 @@ impl VerbsSend {
 
 impl Conn for VerbsSend {
     fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo) -> Result<Option<u32>> {
+        self.isend_partial(data, size, tag, mr, size)
+    }
+
+    /// A partial send goes eagerly only once all of it is ready (eager messages are small); by
+    /// rendezvous, its writes are posted as far as it is ready, the rest by `set_ready`.
+    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo, ready: usize) -> Result<Option<u32>> {
         self.c.check()?;
         let lkey = if size > 0 { mr_for(mr, data as usize, size, dev_id(self.c.port), 0, "isend")?.lkey } else { 0 };
         if self.free.is_empty() {
             return self.back_pressure();
         }
         let seq = self.seq;
+        if size <= self.ring.eager_max && ready < size {
+            return self.back_pressure();
+        }
         if size <= self.ring.eager_max {
             let avail = self.free_slots();
             if avail == 0 {
@@ -626,38 +700,35 @@ impl Conn for VerbsSend {
         }
         let idx = self.free.pop().unwrap();
         let nqps = self.qps.len();
-        let wr_id = (KIND_SEND << KIND_SHIFT) | idx as u64;
         let imm = Imm::Rdv { slot: slot as u32, entry: r as u32 }.encode().to_be();
         let sizes_off = ((slot * SIZES_ENTRY) + r * 8) as u64;
         unsafe { (self.sizes_out.buf.ptr().add(sizes_off as usize) as *mut u64).write(size as u64) };
-        for q in 0..nqps {
-            let (off, len) = qp_chunk(size, nqps, q);
-            let mut k = 0;
-            if len > 0 {
-                self.sges[k] = ibv_sge { addr: data as u64 + off as u64, length: len as u32, lkey };
-                self.wrs[k] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, cts.addr + off as u64, cts.rkey, 1);
-                k += 1;
-            }
-            if q == 0 {
-                // The size, then the immediate that completes this QP's part.
-                self.sges[k] = ibv_sge { addr: self.sizes_out.addr() + sizes_off, length: 8, lkey: self.sizes_out.mr.lkey() };
-                self.wrs[k] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, self.rem_sizes_addr + sizes_off, self.rem_sizes_rkey, 1);
-                self.wrs[k].send_flags |= IBV_SEND_INLINE;
-                k += 1;
-            } else if k > 0 {
-                self.wrs[k - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-            } else {
-                self.wrs[0] = rdma_wr(IBV_WR_SEND_WITH_IMM, wr_id, 0, 0, 0);
-                k = 1;
-            }
-            self.wrs[k - 1].__bindgen_anon_1.imm_data = imm;
-            self.wrs[k - 1].send_flags |= IBV_SEND_SIGNALED;
-            self.post(q, k)?;
-        }
+        self.rdv[idx as usize] = Rdv {
+            data: data as u64,
+            lkey,
+            size,
+            addr: cts.addr,
+            rkey: cts.rkey,
+            imm,
+            sizes_off,
+            posted: [0; crate::proto::verbs::MAX_QPS],
+            closed: 0,
+        };
+        self.post_rdv(idx as usize, ready.min(size))?;
         self.reqs[idx as usize] = SendReq { st: St::Posted, pending: nqps as u32, size };
         self.cts_used |= 1 << r;
         self.seq = seq.wrapping_add(1);
         Ok(Some(idx as u32))
+    }
+
+    fn set_ready(&mut self, slot: u32, ready: usize) -> Result<()> {
+        self.c.check()?;
+        let idx = slot as usize;
+        let all = (1u32 << self.qps.len()) - 1;
+        if idx < SEND_REQS && self.reqs[idx].st == St::Posted && self.rdv[idx].size > 0 && self.rdv[idx].closed != all {
+            self.post_rdv(idx, ready.min(self.rdv[idx].size))?;
+        }
+        Ok(())
     }
 
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
