@@ -251,7 +251,7 @@ impl Drop for PinnedBuf {
     }
 }
 
-/// A stream with a ring of events, one per batch of copies in flight.
+/// A stream with a fixed set of events; each marks the end of a batch of copies.
 pub struct Stream {
     stream: cu::CUstream,
     events: Vec<cu::CUevent>,
@@ -270,10 +270,6 @@ impl Stream {
             s.events.push(e);
         }
         Ok(s)
-    }
-
-    pub fn events(&self) -> usize {
-        self.events.len()
     }
 
     pub fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()> {

@@ -388,10 +388,6 @@ impl Staged {
         }
     }
 
-    pub fn stats(&self) -> Stats {
-        self.stats
-    }
-
     fn copier(&mut self) -> Result<&mut dyn Copier> {
         match self.copier.as_deref_mut() {
             Some(c) => Ok(c),
