@@ -34,7 +34,6 @@ const SYMBOLS: &[&str] = &[
     "cuEventDestroy_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyHtoDAsync_v2",
-    "cuMemcpyHtoD_v2",
     "cuMemHostAlloc",
     "cuMemFreeHost",
     "cuGetErrorName",
@@ -164,17 +163,7 @@ pub fn pointer_info(ptr: usize) -> Result<PtrInfo> {
             "{ptr:#x} was registered as NCCL_PTR_CUDA but the driver says it is not device memory (memory type {mem_type})"
         )));
     }
-    let mut ordinal: i32 = -1;
-    check(
-        unsafe {
-            cu::cuPointerGetAttribute(
-                &mut ordinal as *mut i32 as *mut c_void,
-                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                ptr as cu::CUdeviceptr,
-            )
-        },
-        &format!("cuPointerGetAttribute({ptr:#x}, DEVICE_ORDINAL)"),
-    )?;
+    let ordinal = pointer_ordinal(ptr)?;
     Ok(PtrInfo { ordinal, bus_id: bus_id(ordinal)? })
 }
 
@@ -218,15 +207,53 @@ impl Drop for Context {
 }
 
 /// Copy host bytes into device memory and return when they are there: the RDMA transport's
-/// eager messages that land in its host ring on their way to a GPUDirect receive buffer. Runs in
-/// the calling thread's context, or the owning GPU's primary context where the thread has none.
+/// eager messages that land in its host ring on their way to a GPUDirect receive buffer (a rare
+/// path: the sender sent before the receive was posted). The copy runs on a non-blocking stream
+/// of the owning GPU's primary context, so it never waits for NCCL's kernels, and the wait for it
+/// is bounded.
 pub fn copy_to_device_sync(dst: usize, src: *const u8, len: usize) -> Result<()> {
-    let r = unsafe { cu::cuMemcpyHtoD_v2(dst as cu::CUdeviceptr, src as *const c_void, len) };
-    if r != cu::CUresult::CUDA_ERROR_INVALID_CONTEXT {
-        return check(r, "cuMemcpyHtoD");
-    }
-    let pi = pointer_info(dst)?;
-    Context::primary(pi.ordinal)?.with(|| check(unsafe { cu::cuMemcpyHtoD_v2(dst as cu::CUdeviceptr, src as *const c_void, len) }, "cuMemcpyHtoD"))
+    static STREAMS: std::sync::Mutex<Vec<(i32, usize)>> = std::sync::Mutex::new(Vec::new());
+    let ordinal = pointer_ordinal(dst)?;
+    let ctx = Context::primary(ordinal)?;
+    ctx.with(|| {
+        let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+        let stream = match g.iter().find(|(o, _)| *o == ordinal) {
+            Some((_, s)) => *s as cu::CUstream,
+            None => {
+                let mut s = std::ptr::null_mut();
+                check(unsafe { cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) }, "cuStreamCreate")?;
+                g.push((ordinal, s as usize));
+                s
+            }
+        };
+        check(unsafe { cu::cuMemcpyHtoDAsync_v2(dst as cu::CUdeviceptr, src as *const c_void, len, stream) }, "cuMemcpyHtoDAsync")?;
+        let t = std::time::Instant::now();
+        loop {
+            match unsafe { cu::cuStreamQuery(stream) } {
+                cu::CUresult::CUDA_ERROR_NOT_READY if t.elapsed() < std::time::Duration::from_secs(5) => std::thread::yield_now(),
+                cu::CUresult::CUDA_ERROR_NOT_READY => {
+                    return Err(Error::system(format!("a {len}-byte copy into GPU memory did not finish within 5 s")))
+                }
+                r => return check(r, "cuStreamQuery"),
+            }
+        }
+    })
+}
+
+/// The CUDA device that owns device memory at `ptr`.
+fn pointer_ordinal(ptr: usize) -> Result<i32> {
+    let mut ordinal: i32 = -1;
+    check(
+        unsafe {
+            cu::cuPointerGetAttribute(
+                &mut ordinal as *mut i32 as *mut c_void,
+                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr as cu::CUdeviceptr,
+            )
+        },
+        &format!("cuPointerGetAttribute({ptr:#x}, DEVICE_ORDINAL)"),
+    )?;
+    Ok(ordinal)
 }
 
 /// Pinned (page-locked) host memory, portable across contexts.

@@ -13,7 +13,7 @@ use crate::proto::{self, Handle, HANDLE_SIZE};
 use crate::transport::socket::{self, ifaces, Connector, Link, Listener, RecvConn, SendConn};
 use crate::transport::verbs::dev::IbPort;
 use crate::transport::verbs::{self, Setup};
-use crate::staging::{CudaCopier, HostCopier, NoRegistration, Registrar, Staged};
+use crate::staging::{NoRegistration, Registrar, Staged};
 use crate::transport::{Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
@@ -742,7 +742,7 @@ fn access_for(send: bool) -> u32 {
 /// The data path's view of a verbs registration.
 fn mr_info_of(m: *mut crate::sys::ib::ibv_mr, access: u32, dev: &crate::transport::verbs::dev::IbDevice, path: Path) -> MrInfo {
     let m = unsafe { &*m };
-    MrInfo { addr: m.addr as usize, len: m.length, lkey: m.lkey, rkey: m.rkey, access, dev: dev as *const _ as usize, path }
+    MrInfo { addr: m.addr as usize, len: m.length, lkey: m.lkey, rkey: m.rkey, access, dev: dev as *const _ as usize, path, gpu: None }
 }
 
 /// Register `[addr, addr+size)` on an RDMA port through its device's MR cache; returns the
@@ -803,25 +803,8 @@ fn topology() -> &'static Topology {
     T.get_or_init(|| Topology::probe(&Topology::default_root()))
 }
 
-/// Give the comm a CUDA copier for the GPU owning `pi` (one GPU per comm).
-fn ensure_cuda_copier(g: &mut Staged, pi: &cuda::PtrInfo) -> Result<bool> {
-    match g.copier.as_ref().map(|c| c.gpu()) {
-        Some(Some(o)) if o == pi.ordinal => Ok(false),
-        Some(other) => Err(Error::usage(format!(
-            "regMr of memory on GPU {} (CUDA device {}) on a comm that already stages for {}: one comm serves one GPU",
-            pi.bus_id,
-            pi.ordinal,
-            other.map_or("host buffers (RIVET_STAGE_HOST=1)".to_string(), |o| format!("CUDA device {o}"))
-        ))),
-        None => {
-            g.copier = Some(Box::new(CudaCopier::new(pi.ordinal, pi.bus_id.clone())?));
-            Ok(true)
-        }
-    }
-}
-
 /// TCP: GPU memory goes through the staging engine, and only with RIVET_SOCKET_CUDA=1.
-fn stage_cuda_tcp(c: &Comm, d: &Device, data: *mut c_void) -> Result<()> {
+fn stage_cuda_tcp(c: &Comm, d: &Device, data: *mut c_void, size: usize) -> Result<MrInfo> {
     if !config::get().socket_cuda {
         return Err(Error::usage(format!(
             "regMr of GPU memory on dev {} ({}, TCP transport): rivet's TCP transport takes GPU buffers only with RIVET_SOCKET_CUDA=1 (without it ptrSupport does not offer NCCL_PTR_CUDA)",
@@ -831,10 +814,14 @@ fn stage_cuda_tcp(c: &Comm, d: &Device, data: *mut c_void) -> Result<()> {
     }
     let pi = cuda::pointer_info(data as usize)?;
     let mut g = c.lock()?;
-    if ensure_cuda_copier(&mut g, &pi)? {
+    if g.ensure_copier(Some(pi.ordinal))? {
         log::info!("NET/rivet: host staging for GPU {} on {}: TCP transport (RIVET_SOCKET_CUDA=1)", pi.bus_id, d.name.to_string_lossy());
     }
-    Ok(())
+    Ok(staged_mr(data, size, Some(pi.ordinal)))
+}
+
+fn staged_mr(data: *mut c_void, size: usize, gpu: Option<i32>) -> MrInfo {
+    MrInfo { addr: data as usize, len: size, path: Path::Staged, gpu, ..Default::default() }
 }
 
 /// The facts GDR is decided on, for the GPU owning `pi` and this port.
@@ -898,7 +885,11 @@ fn reg_gpu_verbs(
         || match dmabuf {
             Some((offset, fd)) => {
                 let m = port.dev.register_dmabuf(offset, size, data as u64, fd, access as i32)?;
-                Ok((mr_info_of(m, access, &port.dev, Path::Gdr), m as usize, false))
+                // The ibv_mr of a dma-buf registration has the offset in its addr field; the
+                // buffer the data path checks against is the GPU address range registered.
+                let mut info = mr_info_of(m, access, &port.dev, Path::Gdr);
+                (info.addr, info.len) = (data as usize, size);
+                Ok((info, m as usize, false))
             }
             None => verbs_register(port, data as usize, size, access).map(|(i, m)| (i, m, true)),
         },
@@ -907,6 +898,7 @@ fn reg_gpu_verbs(
     match reg {
         Ok((mut info, mr, cached)) => {
             info.path = Path::Gdr;
+            info.gpu = Some(pi.ordinal);
             if first {
                 if let gdr::Decision::Gdr(why) = &decision {
                     log::info!("NET/rivet: GDR on {nic} for GPU {}: {why}", pi.bus_id);
@@ -916,12 +908,12 @@ fn reg_gpu_verbs(
             Ok((info, Some((mr, port, cached))))
         }
         Err(why) => {
-            ensure_cuda_copier(&mut g, &pi)?;
+            g.ensure_copier(Some(pi.ordinal))?;
             if first || matches!(decision, gdr::Decision::Gdr(_)) {
                 log::info!("NET/rivet: host staging for GPU {} on {nic}: {why}", pi.bus_id);
                 g.gpu = Some((pi.ordinal, gdr::Decision::Staging(why)));
             }
-            Ok((MrInfo { addr: data as usize, len: size, path: Path::Staged, ..Default::default() }, None))
+            Ok((staged_mr(data, size, Some(pi.ordinal)), None))
         }
     }
 }
@@ -939,17 +931,11 @@ pub fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: i32, dmabuf
         _ => return Err(Error::arg(format!("regMr with unknown pointer type {ty:#x} (NCCL_PTR_HOST=1, CUDA=2, DMABUF=4)"))),
     };
     let (info, verbs) = match (&d.ib, gpu) {
-        (None, true) => {
-            stage_cuda_tcp(c, d, data)?;
-            (MrInfo { addr: data as usize, len: size, path: Path::Staged, ..Default::default() }, None)
-        }
+        (None, true) => (stage_cuda_tcp(c, d, data, size)?, None),
         (Some(port), true) => reg_gpu_verbs(c, port, data, size, dmabuf.filter(|(_, fd)| *fd >= 0))?,
         (_, false) if config::get().stage_host => {
-            let mut g = c.lock()?;
-            if g.copier.is_none() {
-                g.copier = Some(Box::new(HostCopier::new()));
-            }
-            (MrInfo { addr: data as usize, len: size, path: Path::Staged, ..Default::default() }, None)
+            c.lock()?.ensure_copier(None)?;
+            (staged_mr(data, size, None), None)
         }
         (None, false) => (MrInfo { addr: data as usize, len: size, ..Default::default() }, None),
         (Some(port), false) => {

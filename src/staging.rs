@@ -17,7 +17,7 @@
 
 use crate::cuda;
 use crate::error::{Error, Result};
-use crate::transport::{path_of, Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
+use crate::transport::{gpu_of, path_of, Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 
@@ -43,8 +43,13 @@ pub trait Copier: Send {
     fn fence(&mut self, id: usize) -> Result<()>;
     /// Whether every copy before fence `id` has completed.
     fn reached(&mut self, id: usize) -> Result<bool>;
-    /// Wait, bounded, for every copy issued (before bounce buffers are freed).
-    fn drain(&mut self);
+    /// Wait, bounded, for every copy issued (before bounce buffers are freed); false when some
+    /// are still running.
+    fn drain(&mut self) -> bool;
+    /// Free bounce memory (CUDA: inside the GPU's context).
+    fn free(&mut self, mem: HostMem) {
+        drop(mem);
+    }
 }
 
 /// Bounce memory: pinned by CUDA, or plain pages for the host copier.
@@ -121,12 +126,13 @@ impl Copier for CudaCopier {
         let s = &self.stream;
         self.ctx.with(|| s.reached(id))
     }
-    fn drain(&mut self) {
+    fn drain(&mut self) -> bool {
         let s = &self.stream;
+        self.ctx.with(|| Ok(s.drain(std::time::Duration::from_secs(2)))).unwrap_or(false)
+    }
+    fn free(&mut self, mem: HostMem) {
         let _ = self.ctx.with(|| {
-            if !s.drain(std::time::Duration::from_secs(2)) {
-                log::warn!("NET/rivet: staging copies still running 2 s after close; their bounce buffers are leaked");
-            }
+            drop(mem);
             Ok(())
         });
     }
@@ -200,13 +206,14 @@ impl Copier for HostCopier {
         b.1 = true;
         Ok(false)
     }
-    fn drain(&mut self) {
+    fn drain(&mut self) -> bool {
         // Copies not yet run are dropped, as a cancelled asynchronous copy would be: at close the
         // buffers they name may already be gone.
         self.pending.clear();
         for b in &mut self.batches {
             b.0.clear();
         }
+        true
     }
 }
 
@@ -257,10 +264,11 @@ impl Pool {
         self.free[c].push(b);
     }
 
-    fn clear(&mut self, reg: &dyn Registrar) {
+    /// Release every pooled buffer: its registration first, then its memory.
+    fn clear(&mut self, reg: &dyn Registrar, copier: &mut dyn Copier) {
         for b in self.free.drain(..).flatten() {
             reg.release(b.handle);
-            drop(b.mem);
+            copier.free(b.mem);
         }
     }
 }
@@ -328,9 +336,8 @@ impl Chunks {
 enum Managed {
     Free,
     /// A staged send whose device → host copy is running, chunk by chunk (fences
-    /// m * MAX_CHUNKS + chunk); `inner` once handed to the transport, which has been told that
-    /// `told` bytes are ready.
-    SendStaged { bounce: Bounce, size: usize, tag: i32, chunks: Chunks, inner: Option<u32>, told: usize },
+    /// m * MAX_CHUNKS + chunk); `inner` once handed to the transport.
+    SendStaged { bounce: Bounce, size: usize, tag: i32, chunks: Chunks, inner: Option<u32> },
     /// A send waiting for earlier staged sends to go first.
     SendWaiting { data: *const u8, size: usize, tag: i32, mr: *const MrInfo },
     /// Handed to the transport under `inner`; `bounce` returns to the pool when it completes.
@@ -391,7 +398,28 @@ impl Staged {
     fn copier(&mut self) -> Result<&mut dyn Copier> {
         match self.copier.as_deref_mut() {
             Some(c) => Ok(c),
-            None => Err(Error::internal("a staged buffer reached a comm that has no copier (registration out of order)")),
+            None => Err(Error::internal("staging: a staged request on a comm without a copier")),
+        }
+    }
+
+    /// Give the comm the copier for staged buffers of GPU `gpu` (None: the host copier of
+    /// RIVET_STAGE_HOST). Registrations are global to a device (regIsGlobal), so a buffer
+    /// registered through one comm may reach another first. Returns whether it was created.
+    pub fn ensure_copier(&mut self, gpu: Option<i32>) -> Result<bool> {
+        match self.copier.as_ref().map(|c| c.gpu()) {
+            Some(g) if g == gpu => Ok(false),
+            Some(other) => Err(Error::usage(format!(
+                "a staged buffer of {} on a comm that already stages for {}: one comm serves one GPU",
+                gpu.map_or("host memory (RIVET_STAGE_HOST=1)".to_string(), |o| format!("CUDA device {o}")),
+                other.map_or("host memory (RIVET_STAGE_HOST=1)".to_string(), |o| format!("CUDA device {o}"))
+            ))),
+            None => {
+                self.copier = Some(match gpu {
+                    Some(o) => Box::new(CudaCopier::new(o, cuda::bus_id(o)?)?),
+                    None => Box::new(HostCopier::new()),
+                });
+                Ok(true)
+            }
         }
     }
 
@@ -430,14 +458,12 @@ impl Staged {
         while i < self.partial.len() {
             let m = self.partial[i];
             let (ready, size) = self.advance(m)?;
-            let Managed::SendStaged { inner: Some(inner), told, .. } = &mut self.slots[m as usize] else {
+            let Managed::SendStaged { inner: Some(inner), .. } = &self.slots[m as usize] else {
                 return Err(Error::internal("staging: a partial send in an unexpected state"));
             };
             let inner = *inner;
-            if ready > *told {
-                *told = ready;
-                self.inner.set_ready(inner, ready)?;
-            }
+            // Also when the mark has not moved: the transport progresses the bytes that are ready.
+            self.inner.set_ready(inner, ready)?;
             if ready == size {
                 self.partial.swap_remove(i);
                 if let Managed::SendStaged { bounce, .. } = std::mem::replace(&mut self.slots[m as usize], Managed::Free) {
@@ -464,9 +490,8 @@ impl Staged {
             self.queue.pop_front();
             let slot = &mut self.slots[m as usize];
             match slot {
-                Managed::SendStaged { inner: i, told, .. } if ready < size => {
+                Managed::SendStaged { inner: i, .. } if ready < size => {
                     *i = Some(inner);
-                    *told = ready;
                     self.partial.push(m);
                     self.stats.pipelined += 1;
                 }
@@ -507,14 +532,9 @@ impl Conn for Staged {
             self.progress_sends()?;
             return Ok(Some(self.managed_id(m)));
         }
+        self.ensure_copier(gpu_of(mr))?;
         let Some(m) = self.take_slot() else { return Ok(None) };
-        let copier = match self.copier.as_deref_mut() {
-            Some(c) => c,
-            None => {
-                self.free.push(m);
-                return self.copier().map(|_| None);
-            }
-        };
+        let copier = self.copier.as_deref_mut().expect("ensured above");
         let bounce = match self.pool.get(size, copier, &*self.registrar) {
             Ok(b) => b,
             Err(e) => {
@@ -535,7 +555,7 @@ impl Conn for Staged {
             }
             Ok(())
         })();
-        self.slots[m as usize] = Managed::SendStaged { bounce, size, tag, chunks, inner: None, told: 0 };
+        self.slots[m as usize] = Managed::SendStaged { bounce, size, tag, chunks, inner: None };
         if let Err(e) = r {
             self.release_slot(m);
             return Err(e);
@@ -568,13 +588,11 @@ impl Conn for Staged {
             if path_of(b.mr) != Path::Staged {
                 continue;
             }
-            let copier = match self.copier.as_deref_mut() {
-                Some(c) => c,
-                None => {
-                    res = Err(Error::internal("a staged receive buffer reached a comm that has no copier"));
-                    break;
-                }
-            };
+            if let Err(e) = self.ensure_copier(gpu_of(b.mr)) {
+                res = Err(e);
+                break;
+            }
+            let copier = self.copier.as_deref_mut().expect("ensured above");
             match self.pool.get(b.size, copier, &*self.registrar) {
                 Ok(bounce) => {
                     posted[i].ptr = bounce.ptr;
@@ -649,15 +667,26 @@ impl Conn for Staged {
                 let Some(got) = self.inner.test(*inner, sizes)? else { return Ok(None) };
                 let (n, staged) = (*n, std::mem::take(staged));
                 debug_assert_eq!(got, n);
-                let copier = self.copier()?;
-                for (i, s) in staged.iter().enumerate() {
-                    if let Some((dst, b)) = s {
-                        if sizes[i] > 0 {
-                            copier.to_device(*dst, b.ptr, sizes[i])?;
+                let r = self.copier().and_then(|copier| {
+                    for (i, s) in staged.iter().enumerate() {
+                        if let Some((dst, b)) = s {
+                            if sizes[i] > 0 {
+                                copier.to_device(*dst, b.ptr, sizes[i])?;
+                            }
                         }
                     }
+                    copier.fence(m * MAX_CHUNKS)
+                });
+                if let Err(e) = r {
+                    // The bounces go back to the pool (never freed with their registration
+                    // still cached), and the request is over.
+                    for (_, b) in staged.into_iter().flatten() {
+                        self.pool.put(b);
+                    }
+                    self.slots[m] = Managed::Free;
+                    self.free.push(m as u32);
+                    return Err(e);
                 }
-                copier.fence(m * MAX_CHUNKS)?;
                 if self.stats_on {
                     for (i, s) in staged.iter().enumerate().take(n) {
                         self.stats.add(if s.is_some() { Path::Staged } else { Path::Host }, sizes[i]);
@@ -708,9 +737,7 @@ impl Drop for Staged {
     fn drop(&mut self) {
         // The network stops first, then copies drain, then bounce buffers go.
         unsafe { ManuallyDrop::drop(&mut self.inner) };
-        if let Some(c) = self.copier.as_deref_mut() {
-            c.drain();
-        }
+        let drained = self.copier.as_deref_mut().map_or(true, |c| c.drain());
         for m in 0..MANAGED as u32 {
             if !matches!(self.slots[m as usize], Managed::Free) {
                 if let Managed::RecvPosted { staged, .. } | Managed::RecvCopying { staged, .. } =
@@ -723,7 +750,16 @@ impl Drop for Staged {
                 self.release_slot(m);
             }
         }
-        self.pool.clear(&*self.registrar);
+        match (drained, self.copier.as_deref_mut()) {
+            (true, Some(c)) => self.pool.clear(&*self.registrar, c),
+            (true, None) => {}
+            (false, _) => {
+                // Copies may still write into the bounce buffers: keep them (and their
+                // registrations) rather than free memory that is in use.
+                log::warn!("NET/rivet: staging copies still running 2 s after close; their bounce buffers are leaked");
+                std::mem::forget(std::mem::take(&mut self.pool));
+            }
+        }
         if self.stats_on {
             let s = &self.stats.by_path;
             let total: u64 = s.iter().map(|c| c.bytes).sum();

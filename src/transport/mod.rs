@@ -20,6 +20,8 @@ pub struct MrInfo {
     pub dev: usize,
     /// How the data path moves this memory.
     pub path: Path,
+    /// The CUDA device owning the memory (staged and GDR buffers); None for host memory.
+    pub gpu: Option<i32>,
 }
 
 /// How a registered buffer's bytes travel (see `staging`).
@@ -48,6 +50,15 @@ pub(crate) fn path_of(mr: *const MrInfo) -> Path {
         // Registrations handed to the data path live until NCCL deregisters them, after the
         // requests that use them completed.
         unsafe { (*mr).path }
+    }
+}
+
+/// The GPU owning the buffer behind a registration (None for host memory or no registration).
+pub(crate) fn gpu_of(mr: *const MrInfo) -> Option<i32> {
+    if mr.is_null() {
+        None
+    } else {
+        unsafe { (*mr).gpu }
     }
 }
 

@@ -25,7 +25,6 @@ int cuEventQuery(void) { return 999; }
 int cuEventDestroy_v2(void) { return 999; }
 int cuMemcpyDtoHAsync_v2(void) { return 999; }
 int cuMemcpyHtoDAsync_v2(void) { return 999; }
-int cuMemcpyHtoD_v2(void) { return 999; }
 int cuMemHostAlloc(void) { return 999; }
 int cuMemFreeHost(void) { return 999; }
 #endif

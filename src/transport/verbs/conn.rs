@@ -714,7 +714,10 @@ impl Conn for VerbsSend {
             posted: [0; crate::proto::verbs::MAX_QPS],
             closed: 0,
         };
-        self.post_rdv(idx as usize, ready.min(size))?;
+        if let Err(e) = self.post_rdv(idx as usize, ready.min(size)) {
+            self.free.push(idx);
+            return Err(e);
+        }
         self.reqs[idx as usize] = SendReq { st: St::Posted, pending: nqps as u32, size };
         self.cts_used |= 1 << r;
         self.seq = seq.wrapping_add(1);
