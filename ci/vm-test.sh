@@ -1,6 +1,7 @@
 #!/bin/bash
 # rivet over real verbs traffic: boots the Soft-RoCE VM (ci/vm/) and runs ci/vm/guest/verbs-tests.sh
-# in it against this tree's release build: the conformance driver for every ABI version over
+# in it (veth MTU 9000, so rxe runs at MTU 4096 as RoCE fabrics do) against this tree's release
+# build: the conformance driver for every ABI version over
 # rxe0<->rxe1 (across the veth pair) and rxe0<->rxe0 (loopback), the stale-rkey fault, the fault
 # tests, and `rivet allreduce -n 4`. Exit status: the number of failed steps (0 = all passed).
 #
@@ -30,7 +31,7 @@ cc -std=gnu11 -O2 -Wall -Wextra -Werror nccl-tests/conformance.c -o "$share/conf
 cp ci/vm/guest/verbs-tests.sh "$share/"
 log=target/vm/verbs-tests.log
 rc=0
-ci/vm/run-vm.sh --share "$share" --timeout "${RIVET_VM_TIMEOUT:-1800}" /mnt/host/verbs-tests.sh > "$log" 2>&1 || rc=$?
+ci/vm/run-vm.sh --share "$share" --mtu 9000 --timeout "${RIVET_VM_TIMEOUT:-1800}" /mnt/host/verbs-tests.sh > "$log" 2>&1 || rc=$?
 grep -E '^VERBS |^=== summary|VERBS_FAILED|RXE_RESULT|run-vm:' "$log" | grep -v '^run-vm: qemu' || true
 if [ "$rc" != 0 ]; then
   echo "vm-test: FAILED (exit $rc); the VM's console log ($log) follows"

@@ -4,6 +4,7 @@
 pub mod abi;
 pub mod config;
 pub mod cuda;
+pub mod doctor;
 pub mod error;
 pub mod gdr;
 pub mod log;

@@ -32,6 +32,24 @@ devices() {
   [ "$(grep -c 'GPUDirect: peer memory none .*, dma-buf no (rxe[01] does not support dma-buf registration' /tmp/info.log)" = 2 ] || { echo "GPUDirect facts of rxe0/rxe1 not as expected"; return 1; }
 }
 step devices devices
+# rivet doctor on rxe0/rxe1 (the VM runs at veth MTU 9000): both ports active, MTU 4096 at netdev
+# MTU 9000 with no MTU warning, a RoCE v2 GID chosen, the verbs transport; a saved baseline
+# diffs clean.
+doctor() {
+  ./rivet doctor > /tmp/doc.log 2>&1; _rc=$?
+  cat /tmp/doc.log
+  [ $_rc = 0 ] || return 1
+  for d in rxe0 rxe1; do
+    grep -q "$d:1: ACTIVE (LinkUp), Ethernet (RoCE), MTU 4096 (max 4096), .* netdev veth[01] MTU 9000" /tmp/doc.log || { echo "$d's port line is not as expected"; return 1; }
+  done
+  [ "$(grep -c 'rivet uses GID [0-9]* (RoCE v2 preferred' /tmp/doc.log)" = 2 ] || { echo "no GID choice for both ports"; return 1; }
+  grep -q '== RDMA devices and ports: OK 2 usable port(s)' /tmp/doc.log || { echo "RDMA verdict not OK"; return 1; }
+  grep -q "== Transport: OK NCCL gets rivet's RDMA verbs transport" /tmp/doc.log || { echo "transport verdict not OK"; return 1; }
+  grep -q 'runs at MTU' /tmp/doc.log && { echo "an MTU warning at matching MTUs"; return 1; }
+  ./rivet doctor --save /tmp/base.json > /dev/null 2>&1 && ./rivet doctor --diff /tmp/base.json > /tmp/diff.log 2>&1 || { cat /tmp/diff.log; echo "doctor --diff of an unchanged node failed"; return 1; }
+  grep -q 'gid_chosen' /tmp/base.json || { echo "the baseline lacks the GID choice"; return 1; }
+}
+step doctor doctor
 for api in 12 11 10 9 8 7 6; do
   step "conformance-v$api-rxe0-rxe1" ./conformance --lib $LIB --api $api --dev 0 --dev2 1
   step "conformance-v$api-rxe0-rxe0" ./conformance --lib $LIB --api $api --dev 0 --dev2 0

@@ -5,6 +5,7 @@
 //!   rivet info
 //!   rivet config
 //!   rivet topo [--json] [--sysfs ROOT]
+//!   rivet doctor [--json] [--save FILE] [--diff FILE]
 //! Common: --lib PATH (or RIVET_LIB) picks the plugin library.
 
 mod allreduce;
@@ -70,11 +71,43 @@ fn usage() -> ! {
          rivet allreduce -n NPROCS [-b 8] [-e 32M] [-f 4] [--iters 20] [--warmup 5] [--dev 0[,1]] [--lib PATH]\n  \
          rivet info [--lib PATH]     devices and properties as NCCL sees them\n  \
          rivet config                every environment variable rivet reads, with its value\n  \
-         rivet topo [--json] [--sysfs ROOT]  GPU x NIC PCIe path classes (PIX/PXB/PHB/NODE/SYS) from sysfs\n\
+         rivet topo [--json] [--sysfs ROOT]  GPU x NIC PCIe path classes (PIX/PXB/PHB/NODE/SYS) from sysfs\n  \
+         rivet doctor [--json] [--save FILE] [--diff FILE]  pre-flight check of this node (exit 1 on --diff changes)\n\
          --dev: the device of each rank (rank r uses the (r mod n)-th of the list; default 0).\n\
          The plugin is --lib PATH, $RIVET_LIB, or libnccl-net-rivet.so next to this executable."
     );
     std::process::exit(2)
+}
+
+/// `rivet doctor [--json] [--save FILE] [--diff FILE]`.
+fn doctor(a: &mut Args) -> Res<i32> {
+    use nccl_net_rivet::doctor;
+    let json = a.rest.iter().any(|x| x == "--json");
+    let save = a.opt(&["--save"]);
+    let diff = a.opt(&["--diff"]);
+    let f = doctor::Facts::gather();
+    let sections = doctor::analyze(&f);
+    let facts = doctor::fact_map(&f);
+    if json {
+        println!("{}", doctor::to_json(&sections, &facts));
+    } else {
+        print!("{}", doctor::render(&sections));
+    }
+    if let Some(path) = save {
+        std::fs::write(&path, doctor::to_json(&sections, &facts) + "\n").map_err(|e| format!("cannot write {path}: {e}"))?;
+        eprintln!("rivet doctor: baseline saved to {path}");
+    }
+    if let Some(path) = diff {
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+        let old = doctor::load_facts(&text).map_err(|e| format!("{path}: {e}"))?;
+        let (lines, matters) = doctor::diff(&old, &facts);
+        println!("== changes since {path}: {}", if lines.is_empty() { "none" } else if matters { "yes" } else { "informational only" });
+        for l in lines {
+            println!("   {l}");
+        }
+        return Ok(if matters { 1 } else { 0 });
+    }
+    Ok(0)
 }
 
 fn run() -> Res<i32> {
@@ -145,6 +178,7 @@ fn run() -> Res<i32> {
             Ok(0)
         }
         "topo" => topo::run(&mut a),
+        "doctor" => doctor(&mut a),
         "-h" | "--help" | "help" => usage(),
         c => Err(format!("unknown command '{c}' (try `rivet --help`)")),
     }

@@ -287,6 +287,143 @@ fn port_state_name(s: u32) -> &'static str {
     }
 }
 
+/// Everything `rivet doctor` reports about one RDMA port, whatever its state.
+#[derive(Debug, Clone)]
+pub struct PortSurvey {
+    pub port: u8,
+    pub state: &'static str,
+    pub phys_state: &'static str,
+    pub link_layer: &'static str,
+    /// Active and maximum MTU in bytes.
+    pub active_mtu: u32,
+    pub max_mtu: u32,
+    pub speed_mbps: i32,
+    pub lid: u16,
+    pub pkeys: Vec<u16>,
+    pub gids: Vec<GidEntry>,
+    /// The RoCE netdev behind the port and its MTU (from the GID attributes in sysfs).
+    pub netdev: Option<(String, u32)>,
+    /// Whether NCCL_IB_HCA lets rivet use the port.
+    pub selected: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct DevSurvey {
+    pub name: String,
+    pub fw_ver: Option<String>,
+    pub node_guid: u64,
+    pub pci_path: Option<String>,
+    pub dmabuf: std::result::Result<(), String>,
+    pub ports: Vec<PortSurvey>,
+}
+
+fn phys_state_name(s: u8) -> &'static str {
+    match s {
+        1 => "Sleep",
+        2 => "Polling",
+        3 => "Disabled",
+        4 => "PortConfigurationTraining",
+        5 => "LinkUp",
+        6 => "LinkErrorRecovery",
+        7 => "PhyTest",
+        _ => "unknown",
+    }
+}
+
+fn sysfs_string(path: String) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// The netdev behind a RoCE port (the first GID entry that names one) and its MTU.
+fn port_netdev(dev: &str, port: u8, gids: &[GidEntry]) -> Option<(String, u32)> {
+    gids.iter().find_map(|g| {
+        let nd = sysfs_string(format!("/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/ndevs/{}", g.index))?;
+        let mtu = sysfs_string(format!("/sys/class/net/{nd}/mtu"))?.parse().ok()?;
+        Some((nd, mtu))
+    })
+}
+
+/// Every RDMA device and every port, active or not, for `rivet doctor`. `Err` says why there is
+/// no RDMA device at all.
+pub fn survey(cfg: &Config) -> std::result::Result<Vec<DevSurvey>, String> {
+    let v = verbs::get().map_err(|e| e.0)?;
+    let mut n: c_int = 0;
+    let list = unsafe { (v.get_device_list)(&mut n) };
+    if list.is_null() || n <= 0 {
+        if !list.is_null() {
+            unsafe { (v.free_device_list)(list) };
+        }
+        return Err(format!("{} found no RDMA device (no HCA, or its kernel driver or rdma-core provider is missing)", v.path));
+    }
+    let filter = cfg.ib_hca.as_deref().map(HcaFilter::parse);
+    let mut out = Vec::new();
+    for i in 0..n as usize {
+        let d = unsafe { *list.add(i) };
+        let name = unsafe { CStr::from_ptr((v.get_device_name)(d)) }.to_string_lossy().into_owned();
+        let ctx = unsafe { (v.open_device)(d) };
+        let base = DevSurvey {
+            name: name.clone(),
+            fw_ver: sysfs_string(format!("/sys/class/infiniband/{name}/fw_ver")),
+            node_guid: 0,
+            pci_path: std::fs::canonicalize(format!("/sys/class/infiniband/{name}/device"))
+                .ok()
+                .map(|p| p.display().to_string())
+                .filter(|p| p.contains("/pci")),
+            dmabuf: Err("the device could not be opened".into()),
+            ports: Vec::new(),
+        };
+        if ctx.is_null() {
+            out.push(base);
+            continue;
+        }
+        let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+        let mut dev = base;
+        if unsafe { (v.query_device)(ctx, &mut attr) } == 0 {
+            dev.node_guid = u64::from_be(attr.node_guid);
+            let pd = unsafe { (v.alloc_pd)(ctx) };
+            if !pd.is_null() {
+                dev.dmabuf = probe_dmabuf(v, pd, &name);
+                unsafe { (v.dealloc_pd)(pd) };
+            }
+            for port in 1..=attr.phys_port_cnt {
+                let mut pa: ibv_port_attr = unsafe { std::mem::zeroed() };
+                if unsafe { v.query_port(ctx, port, &mut pa) } != 0 {
+                    continue;
+                }
+                let gids = gid_table(v, ctx, &name, port, pa.gid_tbl_len);
+                let mut pkeys = Vec::new();
+                if let Some(q) = v.query_pkey {
+                    for i in 0..(pa.pkey_tbl_len as c_int).min(16) {
+                        let mut k = 0u16;
+                        if unsafe { q(ctx, port, i, &mut k) } == 0 && k != 0 {
+                            pkeys.push(u16::from_be(k));
+                        }
+                    }
+                }
+                let roce = pa.link_layer == IBV_LINK_LAYER_ETHERNET as u8;
+                dev.ports.push(PortSurvey {
+                    port,
+                    state: port_state_name(pa.state),
+                    phys_state: phys_state_name(pa.phys_state),
+                    link_layer: if roce { "Ethernet" } else { "InfiniBand" },
+                    active_mtu: mtu_bytes(pa.active_mtu),
+                    max_mtu: mtu_bytes(pa.max_mtu),
+                    speed_mbps: select::port_speed_mbps(pa.active_speed, pa.active_width),
+                    lid: pa.lid,
+                    netdev: if roce { port_netdev(&name, port, &gids) } else { None },
+                    gids,
+                    pkeys,
+                    selected: filter.as_ref().map_or(true, |f| f.matches(&name, port)),
+                });
+            }
+        }
+        unsafe { (v.close_device)(ctx) };
+        out.push(dev);
+    }
+    unsafe { (v.free_device_list)(list) };
+    Ok(out)
+}
+
 /// Open every device and keep its usable ports. `Err` says why there is none (rivet then falls
 /// back to TCP and logs the reason).
 pub fn discover(cfg: &Config) -> std::result::Result<Vec<IbPort>, String> {
