@@ -160,11 +160,11 @@ pub struct Section {
 }
 
 impl Section {
-    fn new(title: &'static str) -> Section {
+    pub fn new(title: &'static str) -> Section {
         Section { title, verdict: Verdict::Ok, summary: String::new(), lines: Vec::new(), findings: Vec::new() }
     }
 
-    fn warn(&mut self, what: String, fix: String) {
+    pub fn warn(&mut self, what: String, fix: String) {
         self.findings.push(Finding { what, fix });
         self.verdict = self.verdict.max(Verdict::Warn);
     }

@@ -41,6 +41,15 @@ fn this_machine_reports_tcp_and_why() {
 }
 
 #[test]
+fn selftest_moves_data_through_the_plugin() {
+    let (rc, t) = doctor(&["--selftest"], None);
+    assert_eq!(rc, 0, "{t}");
+    let s = section(&t, "Self-test");
+    assert!(s.contains("OK 1 of 1 device(s) passed"), "{s}");
+    assert!(s.contains("dev 0 (lo): 8 B latency") && s.contains("GB/s = ") && s.contains("of the port's 10000 Mb/s"), "{s}");
+}
+
+#[test]
 fn json_save_and_diff() {
     let dir = std::env::temp_dir().join(format!("rivet-doctor-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -5,7 +5,7 @@
 //!   rivet info
 //!   rivet config
 //!   rivet topo [--json] [--sysfs ROOT]
-//!   rivet doctor [--json] [--save FILE] [--diff FILE]
+//!   rivet doctor [--json] [--selftest] [--save FILE] [--diff FILE]
 //! Common: --lib PATH (or RIVET_LIB) picks the plugin library.
 
 mod allreduce;
@@ -72,21 +72,73 @@ fn usage() -> ! {
          rivet info [--lib PATH]     devices and properties as NCCL sees them\n  \
          rivet config                every environment variable rivet reads, with its value\n  \
          rivet topo [--json] [--sysfs ROOT]  GPU x NIC PCIe path classes (PIX/PXB/PHB/NODE/SYS) from sysfs\n  \
-         rivet doctor [--json] [--save FILE] [--diff FILE]  pre-flight check of this node (exit 1 on --diff changes)\n\
+         rivet doctor [--json] [--selftest] [--save FILE] [--diff FILE]  pre-flight check of this node (exit 1 on --diff changes)\n\
          --dev: the device of each rank (rank r uses the (r mod n)-th of the list; default 0).\n\
          The plugin is --lib PATH, $RIVET_LIB, or libnccl-net-rivet.so next to this executable."
     );
     std::process::exit(2)
 }
 
-/// `rivet doctor [--json] [--save FILE] [--diff FILE]`.
+/// `rivet doctor --selftest`: a short loopback transfer through the plugin on every device (two
+/// processes on the same device, as `rivet perf --dev d,d` runs them), reported next to what the
+/// port's speed promises.
+fn self_test(lib: Option<&str>) -> Res<nccl_net_rivet::doctor::Section> {
+    use nccl_net_rivet::doctor::{Section, Verdict};
+    let lib = net::find_library(lib)?;
+    let n = net::Net::load(&lib)?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut s = Section::new("Self-test");
+    let mut failed = 0;
+    let ndev = n.ndev()?;
+    for d in 0..ndev {
+        let p = n.props(d)?;
+        let name = if p.name.is_null() { "?".into() } else { unsafe { std::ffi::CStr::from_ptr(p.name) }.to_string_lossy().into_owned() };
+        let out = std::process::Command::new(&exe)
+            .args(["perf", "--lib"])
+            .arg(&lib)
+            .args(["--dev", &format!("{d},{d}"), "--sizes", "1M", "--bytes", "64M", "--lat-iters", "200"])
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let lat = text.lines().find_map(|l| l.split("typical ").nth(1)?.split(' ').next()?.parse::<f64>().ok());
+        let bw = text.lines().filter(|l| !l.starts_with('#')).find_map(|l| l.split_whitespace().last()?.parse::<f64>().ok());
+        match (out.status.success(), lat, bw) {
+            (true, Some(lat), Some(bw)) => {
+                let line_rate = p.speed as f64 / 8000.0;
+                s.lines.push(format!(
+                    "dev {d} ({name}): 8 B latency {lat:.1} us, 1 MiB streaming {bw:.2} GB/s = {:.0}% of the port's {} Mb/s ({line_rate:.2} GB/s), loopback on one device",
+                    100.0 * bw / line_rate,
+                    p.speed
+                ));
+            }
+            _ => {
+                failed += 1;
+                let err = String::from_utf8_lossy(&out.stderr);
+                s.warn(
+                    format!("the loopback transfer on dev {d} ({name}) failed: {}", err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output")),
+                    "run `NCCL_DEBUG=INFO rivet perf --dev D,D` for the plugin's own messages".into(),
+                );
+            }
+        }
+    }
+    s.verdict = if failed > 0 { Verdict::Fail } else { Verdict::Ok };
+    s.summary = format!("{} of {ndev} device(s) passed a host-memory loopback transfer", ndev - failed);
+    Ok(s)
+}
+
+/// `rivet doctor [--json] [--selftest] [--save FILE] [--diff FILE]`.
 fn doctor(a: &mut Args) -> Res<i32> {
     use nccl_net_rivet::doctor;
     let json = a.rest.iter().any(|x| x == "--json");
     let save = a.opt(&["--save"]);
     let diff = a.opt(&["--diff"]);
+    let selftest = a.rest.iter().any(|x| x == "--selftest");
+    let lib = a.opt(&["--lib"]);
     let f = doctor::Facts::gather();
-    let sections = doctor::analyze(&f);
+    let mut sections = doctor::analyze(&f);
+    if selftest {
+        sections.push(self_test(lib.as_deref())?);
+    }
     let facts = doctor::fact_map(&f);
     if json {
         println!("{}", doctor::to_json(&sections, &facts));
