@@ -34,6 +34,10 @@ const SYMBOLS: &[&str] = &[
     "cuEventDestroy_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyHtoDAsync_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
     "cuMemHostAlloc",
     "cuMemFreeHost",
     "cuGetErrorName",
@@ -254,6 +258,42 @@ fn pointer_ordinal(ptr: usize) -> Result<i32> {
         &format!("cuPointerGetAttribute({ptr:#x}, DEVICE_ORDINAL)"),
     )?;
     Ok(ordinal)
+}
+
+/// Device memory (`cuMemAlloc`) in a GPU's primary context: the buffers of `rivet perf --cuda`
+/// and of the doctor's GPU self-test.
+pub struct DeviceBuf {
+    pub ptr: usize,
+    pub len: usize,
+    ctx: Context,
+}
+
+unsafe impl Send for DeviceBuf {}
+
+impl DeviceBuf {
+    pub fn new(ordinal: i32, len: usize) -> Result<DeviceBuf> {
+        get().map_err(|why| Error::usage(format!("no CUDA: {why}")))?;
+        let ctx = Context::primary(ordinal)?;
+        let mut p: cu::CUdeviceptr = 0;
+        ctx.with(|| check(unsafe { cu::cuMemAlloc_v2(&mut p, len.max(1)) }, &format!("cuMemAlloc({len})")))?;
+        Ok(DeviceBuf { ptr: p as usize, len, ctx })
+    }
+
+    pub fn upload(&self, host: &[u8]) -> Result<()> {
+        let n = host.len().min(self.len);
+        self.ctx.with(|| check(unsafe { cu::cuMemcpyHtoD_v2(self.ptr as cu::CUdeviceptr, host.as_ptr() as *const c_void, n) }, "cuMemcpyHtoD"))
+    }
+
+    pub fn download(&self, host: &mut [u8]) -> Result<()> {
+        let n = host.len().min(self.len);
+        self.ctx.with(|| check(unsafe { cu::cuMemcpyDtoH_v2(host.as_mut_ptr() as *mut c_void, self.ptr as cu::CUdeviceptr, n) }, "cuMemcpyDtoH"))
+    }
+}
+
+impl Drop for DeviceBuf {
+    fn drop(&mut self) {
+        let _ = self.ctx.with(|| check(unsafe { cu::cuMemFree_v2(self.ptr as cu::CUdeviceptr) }, "cuMemFree"));
+    }
 }
 
 /// Pinned (page-locked) host memory, portable across contexts.

@@ -610,8 +610,60 @@ pub fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, mh: *mut
     if data.is_null() && size > 0 {
         return Err(Error::internal(format!("isend of {size} bytes from a NULL buffer")));
     }
-    let slot = c.lock()?.isend(data as *const u8, size, tag, mr_info(mh)?)?;
+    let mut g = c.lock()?;
+    let slot = g.isend(data as *const u8, size, tag, mr_info(mh)?)?;
+    if g.has_pending_sends() {
+        pending_add(sc as usize);
+    }
     Ok(slot.map_or(std::ptr::null_mut(), |s| c.request(s)))
+}
+
+// A staged send is handed to the transport only after its device-to-host copy, which calls on
+// its comm notice. NCCL tests every outstanding request, but a caller may post a send and then
+// wait on a receive from a peer that needs that send first (NCCL's IB transport has the send on
+// the wire by then). So comms with staged sends still waiting are listed here, and every `test`
+// and `irecv` moves them on too.
+static PENDING: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+static NPENDING: AtomicU32 = AtomicU32::new(0);
+
+fn pending_add(c: usize) {
+    let mut g = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    if !g.contains(&c) {
+        g.push(c);
+        NPENDING.store(g.len() as u32, Ordering::Release);
+    }
+}
+
+fn pending_remove(c: usize) {
+    let mut g = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    g.retain(|&x| x != c);
+    NPENDING.store(g.len() as u32, Ordering::Release);
+}
+
+/// Move other comms' waiting staged sends on (comm locks only tried, never waited for).
+fn progress_pending(except: usize) {
+    if NPENDING.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut g = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    g.retain(|&p| {
+        if p == except {
+            return true;
+        }
+        if !is_live(p, Obj::Comm) {
+            return false;
+        }
+        let c = unsafe { &*(p as *const Comm) };
+        match c.conn.try_lock() {
+            Ok(mut s) => {
+                // An error stays with that comm's transport and surfaces at its own test.
+                let _ = s.progress_pending();
+                s.has_pending_sends()
+            }
+            Err(_) => true,
+        }
+    });
+    NPENDING.store(g.len() as u32, Ordering::Release);
 }
 
 /// # Safety
@@ -642,6 +694,7 @@ pub unsafe fn irecv(
         *b = RecvBuf { ptr, size, tag: *tags.add(i), mr };
     }
     let slot = c.lock()?.irecv(&bufs[..n as usize])?;
+    progress_pending(rc as usize);
     Ok(slot.map_or(std::ptr::null_mut(), |s| c.request(s)))
 }
 
@@ -681,6 +734,7 @@ pub fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()> {
     let c = unsafe { &*r.comm };
     let mut out = [0usize; MAX_RECVS];
     let res = c.lock()?.test(r.slot, &mut out);
+    progress_pending(r.comm as usize);
     match res {
         Ok(None) => unsafe { *done = 0 },
         Ok(Some(n)) => unsafe {
@@ -706,6 +760,7 @@ pub fn close_comm(p: *mut c_void, send: bool) -> Result<()> {
         return Err(Error::internal(format!("{what} of an unknown or already closed comm {p:p}")));
     }
     unregister(p as usize, Obj::Comm);
+    pending_remove(p as usize);
     let mut c = unsafe { Box::from_raw(p as *mut Comm) };
     c.magic = 0;
     for r in c.reqs.iter_mut() {

@@ -507,6 +507,19 @@ impl Staged {
         Ok(())
     }
 
+    /// Staged sends not yet wholly handed to the transport: they need calls on this comm to move.
+    pub fn has_pending_sends(&self) -> bool {
+        !self.queue.is_empty() || !self.partial.is_empty()
+    }
+
+    /// Move pending staged sends on (called from other comms' calls, see `plugin::test`).
+    pub fn progress_pending(&mut self) -> Result<()> {
+        if self.has_pending_sends() {
+            self.progress_sends()?;
+        }
+        Ok(())
+    }
+
     fn managed_id(&self, m: u32) -> u32 {
         self.icap as u32 + m
     }

@@ -45,8 +45,19 @@ fn selftest_moves_data_through_the_plugin() {
     let (rc, t) = doctor(&["--selftest"], None);
     assert_eq!(rc, 0, "{t}");
     let s = section(&t, "Self-test");
-    assert!(s.contains("OK 1 of 1 device(s) passed"), "{s}");
-    assert!(s.contains("dev 0 (lo): 8 B latency") && s.contains("GB/s = ") && s.contains("of the port's 10000 Mb/s"), "{s}");
+    assert!(s.contains("OK 1 of 1 loopback transfer(s) passed (1 device(s), host memory)"), "{s}");
+    assert!(s.contains("dev 0 (lo), host memory: 8 B latency") && s.contains("GB/s = ") && s.contains("of the port's 10000 Mb/s"), "{s}");
+}
+
+#[test]
+fn perf_with_gpu_buffers_needs_cuda() {
+    if Path::new("/dev/nvidiactl").exists() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_rivet")).args(["perf", "--cuda", "--sizes", "1M"]).env("NCCL_SOCKET_IFNAME", "lo").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(err.contains("--cuda: no usable CUDA driver: libcuda.so.1 not found"), "{err}");
 }
 
 #[test]

@@ -25,6 +25,10 @@ int cuEventQuery(void) { return 999; }
 int cuEventDestroy_v2(void) { return 999; }
 int cuMemcpyDtoHAsync_v2(void) { return 999; }
 int cuMemcpyHtoDAsync_v2(void) { return 999; }
+int cuMemAlloc_v2(void) { return 999; }
+int cuMemFree_v2(void) { return 999; }
+int cuMemcpyHtoD_v2(void) { return 999; }
+int cuMemcpyDtoH_v2(void) { return 999; }
 int cuMemHostAlloc(void) { return 999; }
 int cuMemFreeHost(void) { return 999; }
 #endif

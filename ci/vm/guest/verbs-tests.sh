@@ -50,7 +50,7 @@ doctor() {
   grep -q 'gid_chosen' /tmp/base.json || { echo "the baseline lacks the GID choice"; return 1; }
   ./rivet doctor --selftest > /tmp/self.log 2>&1; _rc=$?
   sed -n '/Self-test/,$p' /tmp/self.log
-  [ $_rc = 0 ] && grep -q '== Self-test: OK 2 of 2 device(s) passed' /tmp/self.log || { cat /tmp/self.log; echo "the self-test failed"; return 1; }
+  [ $_rc = 0 ] && grep -q '== Self-test: OK 2 of 2 loopback transfer(s) passed' /tmp/self.log || { cat /tmp/self.log; echo "the self-test failed"; return 1; }
 }
 step doctor doctor
 for api in 12 11 10 9 8 7 6; do

@@ -1,6 +1,6 @@
 //! `rivet`: drives the built plugin through the same C ABI NCCL uses.
 //!
-//!   rivet perf [--sizes 64K,1M,...] [--window W] [--bytes TOTAL] [--lat-iters N]
+//!   rivet perf [--sizes 64K,1M,...] [--window W] [--bytes TOTAL] [--lat-iters N] [--cuda]
 //!   rivet allreduce -n N [-b MIN] [-e MAX] [-f FACTOR] [--iters I] [--warmup W]
 //!   rivet info
 //!   rivet config
@@ -67,7 +67,7 @@ fn parse_devs(s: &str) -> Res<Vec<i32>> {
 
 fn usage() -> ! {
     eprintln!(
-        "usage:\n  rivet perf [--sizes 64K,1M,16M,256M] [--window 8] [--bytes 1G] [--lat-iters 2000] [--dev 0[,1]] [--lib PATH]\n  \
+        "usage:\n  rivet perf [--sizes 64K,1M,16M,256M] [--window 8] [--bytes 1G] [--lat-iters 2000] [--cuda] [--dev 0[,1]] [--lib PATH]\n  \
          rivet allreduce -n NPROCS [-b 8] [-e 32M] [-f 4] [--iters 20] [--warmup 5] [--dev 0[,1]] [--lib PATH]\n  \
          rivet info [--lib PATH]     devices and properties as NCCL sees them\n  \
          rivet config                every environment variable rivet reads, with its value\n  \
@@ -82,7 +82,7 @@ fn usage() -> ! {
 /// `rivet doctor --selftest`: a short loopback transfer through the plugin on every device (two
 /// processes on the same device, as `rivet perf --dev d,d` runs them), reported next to what the
 /// port's speed promises.
-fn self_test(lib: Option<&str>) -> Res<nccl_net_rivet::doctor::Section> {
+fn self_test(lib: Option<&str>, gpu: bool) -> Res<nccl_net_rivet::doctor::Section> {
     use nccl_net_rivet::doctor::{Section, Verdict};
     let lib = net::find_library(lib)?;
     let n = net::Net::load(&lib)?;
@@ -93,36 +93,60 @@ fn self_test(lib: Option<&str>) -> Res<nccl_net_rivet::doctor::Section> {
     for d in 0..ndev {
         let p = n.props(d)?;
         let name = if p.name.is_null() { "?".into() } else { unsafe { std::ffi::CStr::from_ptr(p.name) }.to_string_lossy().into_owned() };
-        let out = std::process::Command::new(&exe)
-            .args(["perf", "--lib"])
-            .arg(&lib)
-            .args(["--dev", &format!("{d},{d}"), "--sizes", "1M", "--bytes", "64M", "--lat-iters", "200"])
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let lat = text.lines().find_map(|l| l.split("typical ").nth(1)?.split(' ').next()?.parse::<f64>().ok());
-        let bw = text.lines().filter(|l| !l.starts_with('#')).find_map(|l| l.split_whitespace().last()?.parse::<f64>().ok());
-        match (out.status.success(), lat, bw) {
-            (true, Some(lat), Some(bw)) => {
-                let line_rate = p.speed as f64 / 8000.0;
-                s.lines.push(format!(
-                    "dev {d} ({name}): 8 B latency {lat:.1} us, 1 MiB streaming {bw:.2} GB/s = {:.0}% of the port's {} Mb/s ({line_rate:.2} GB/s), loopback on one device",
-                    100.0 * bw / line_rate,
-                    p.speed
-                ));
+        // Host memory, then (with a GPU) GPU memory by the path rivet chooses for it.
+        for cuda in [false, true] {
+            if cuda && !gpu {
+                continue;
             }
-            _ => {
-                failed += 1;
-                let err = String::from_utf8_lossy(&out.stderr);
-                s.warn(
-                    format!("the loopback transfer on dev {d} ({name}) failed: {}", err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output")),
-                    "run `NCCL_DEBUG=INFO rivet perf --dev D,D` for the plugin's own messages".into(),
-                );
+            let mut c = std::process::Command::new(&exe);
+            c.args(["perf", "--lib"]).arg(&lib);
+            c.args(["--dev", &format!("{d},{d}"), "--sizes", "1M", "--bytes", "64M", "--lat-iters", "200"]);
+            if cuda {
+                c.arg("--cuda").env("NCCL_DEBUG", "INFO").env("RIVET_STATS", "1");
+            }
+            let out = c.output().map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            let lat = text.lines().find_map(|l| l.split("typical ").nth(1)?.split(' ').next()?.parse::<f64>().ok());
+            let bw = text.lines().filter(|l| !l.starts_with('#')).find_map(|l| l.split_whitespace().last()?.parse::<f64>().ok());
+            let what = if cuda { "GPU memory" } else { "host memory" };
+            match (out.status.success(), lat, bw) {
+                (true, Some(lat), Some(bw)) => {
+                    let line_rate = p.speed as f64 / 8000.0;
+                    let path = if cuda {
+                        err.lines()
+                            .find_map(|l| l.split("NET/rivet: ").nth(1).filter(|m| m.starts_with("GDR on") || m.starts_with("host staging for GPU")))
+                            .map(|m| format!(", {m}"))
+                            .unwrap_or_default()
+                    } else {
+                        String::new()
+                    };
+                    s.lines.push(format!(
+                        "dev {d} ({name}), {what}: 8 B latency {lat:.1} us, 1 MiB streaming {bw:.2} GB/s = {:.0}% of the port's {} Mb/s ({line_rate:.2} GB/s){path}",
+                        100.0 * bw / line_rate,
+                        p.speed
+                    ));
+                }
+                _ => {
+                    failed += 1;
+                    s.warn(
+                        format!(
+                            "the loopback transfer of {what} on dev {d} ({name}) failed: {}",
+                            err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output")
+                        ),
+                        format!("run `NCCL_DEBUG=INFO rivet perf --dev {d},{d}{}` for the plugin's own messages", if cuda { " --cuda" } else { "" }),
+                    );
+                }
             }
         }
     }
     s.verdict = if failed > 0 { Verdict::Fail } else { Verdict::Ok };
-    s.summary = format!("{} of {ndev} device(s) passed a host-memory loopback transfer", ndev - failed);
+    let runs = ndev * if gpu { 2 } else { 1 };
+    s.summary = format!(
+        "{} of {runs} loopback transfer(s) passed ({ndev} device(s), host memory{})",
+        runs - failed,
+        if gpu { " and GPU memory" } else { "" }
+    );
     Ok(s)
 }
 
@@ -137,7 +161,8 @@ fn doctor(a: &mut Args) -> Res<i32> {
     let f = doctor::Facts::gather();
     let mut sections = doctor::analyze(&f);
     if selftest {
-        sections.push(self_test(lib.as_deref())?);
+        let gpu = matches!(&f.cuda, Ok((_, g)) if !g.is_empty());
+        sections.push(self_test(lib.as_deref(), gpu)?);
     }
     let facts = doctor::fact_map(&f);
     if json {
@@ -188,9 +213,16 @@ fn run() -> Res<i32> {
     let timeout = Duration::from_secs(600);
     match cmd.as_str() {
         "perf" => {
+            if a.rest.iter().any(|x| x == "--cuda") {
+                nccl_net_rivet::cuda::get().map_err(|why| format!("--cuda: no usable CUDA driver: {why}"))?;
+                if std::env::var_os("RIVET_SOCKET_CUDA").is_none() {
+                    // GPU buffers over the TCP transport go through the staging engine only when asked.
+                    std::env::set_var("RIVET_SOCKET_CUDA", "1");
+                }
+            }
             let args = peer_args(&mut a, |a| perf::check_args(a).map(drop))?;
-            peer::launch(2, "perf", &args, timeout)?;
-            Ok(0)
+            let wrong = peer::launch(2, "perf", &args, timeout)?;
+            Ok(if wrong == 0 { 0 } else { 1 })
         }
         "allreduce" => {
             let n: usize = a.opt(&["-n", "--nprocs"]).unwrap_or_else(|| "2".into()).parse().map_err(|_| "bad -n")?;

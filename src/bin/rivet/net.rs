@@ -107,6 +107,13 @@ impl Net {
         Ok(mh)
     }
 
+    /// Register `len` bytes at `p` of pointer type `ty` (NCCL_PTR_HOST or NCCL_PTR_CUDA).
+    pub fn reg_ptr(&self, comm: *mut c_void, p: *mut u8, len: usize, ty: i32) -> Res<*mut c_void> {
+        let mut mh = std::ptr::null_mut();
+        check("regMr", unsafe { self.t.regMr.unwrap()(comm, p as *mut c_void, len, ty, &mut mh) })?;
+        Ok(mh)
+    }
+
     pub fn dereg(&self, comm: *mut c_void, mh: *mut c_void) -> Res<()> {
         check("deregMr", unsafe { self.t.deregMr.unwrap()(comm, mh) })
     }

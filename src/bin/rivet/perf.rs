@@ -11,6 +11,8 @@ pub struct Opts {
     window: usize,
     bytes: usize,
     lat_iters: usize,
+    /// Buffers in GPU memory (CUDA device 0), registered as NCCL_PTR_CUDA.
+    cuda: bool,
 }
 
 pub fn check_args(a: &mut Args) -> Res<Opts> {
@@ -26,10 +28,17 @@ pub fn check_args(a: &mut Args) -> Res<Opts> {
     }
     let bytes = parse_size(&a.opt(&["--bytes"]).unwrap_or_else(|| "1G".into()))?;
     let lat_iters = a.opt(&["--lat-iters"]).unwrap_or_else(|| "2000".into()).parse().map_err(|_| "bad --lat-iters")?;
+    let cuda = match a.rest.iter().position(|x| x == "--cuda") {
+        Some(i) => {
+            a.rest.remove(i);
+            true
+        }
+        None => false,
+    };
     if let Some(x) = a.rest.first() {
         return Err(format!("unexpected argument '{x}'"));
     }
-    Ok(Opts { sizes, window, bytes, lat_iters })
+    Ok(Opts { sizes, window, bytes, lat_iters, cuda })
 }
 
 pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: &mut Args) -> Res<u64> {
@@ -40,10 +49,23 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: 
     // Real pages with data (a zero-filled allocation would be lazily mapped to the zero page).
     let mut buf: Vec<u8> = (0..max).map(|i| (i * 131 + rank) as u8).collect();
     let mut small = [0u8; 8];
-    let mh_s = net.reg(r.send, &mut buf)?;
-    let mh_r = net.reg(r.recv, &mut buf)?;
-    let mh_small_s = net.reg(r.send, &mut small)?;
-    let mh_small_r = net.reg(r.recv, &mut small)?;
+    // With --cuda the same pattern lives in GPU memory, registered as CUDA buffers.
+    let gpu = if o.cuda {
+        let big = nccl_net_rivet::cuda::DeviceBuf::new(0, max).map_err(|e| e.msg)?;
+        big.upload(&buf).map_err(|e| e.msg)?;
+        let small = nccl_net_rivet::cuda::DeviceBuf::new(0, 8).map_err(|e| e.msg)?;
+        Some((big, small))
+    } else {
+        None
+    };
+    let (bp, sp, ty) = match &gpu {
+        Some((b, s)) => (b.ptr as *mut u8, s.ptr as *mut u8, nccl_net_rivet::abi::types::NCCL_PTR_CUDA),
+        None => (buf.as_mut_ptr(), small.as_mut_ptr(), nccl_net_rivet::abi::types::NCCL_PTR_HOST),
+    };
+    let mh_s = net.reg_ptr(r.send, bp, max, ty)?;
+    let mh_r = net.reg_ptr(r.recv, bp, max, ty)?;
+    let mh_small_s = net.reg_ptr(r.send, sp, 8, ty)?;
+    let mh_small_r = net.reg_ptr(r.recv, sp, 8, ty)?;
     let p = net.props(r.dev)?;
     let name = unsafe { std::ffi::CStr::from_ptr(p.name) }.to_string_lossy().into_owned();
     let cfg = nccl_net_rivet::config::get();
@@ -53,19 +75,19 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: 
         format!("{} QP(s)", cfg.ib_qps)
     };
     r.out(&format!(
-        "# rivet perf: {} dev {} ({name}, {} Mb/s), {}, {lanes}, window {}",
+        "# rivet perf: {} dev {} ({name}, {} Mb/s), {}, {lanes}, window {}, {} buffers",
         net.path.display(),
         r.dev,
         p.speed,
         r.transport,
-        o.window
+        o.window,
+        if o.cuda { "GPU (CUDA device 0)" } else { "host" }
     ));
 
     // Latency: rank 0 sends 8 bytes, rank 1 echoes them. Each side keeps its next receive posted
     // ahead (as NCCL does), so a clear-to-send is never on the critical path. Rank 0 times every
     // round trip with the cycle counter (as perftest does: reading the clock can be a system call
     // in a VM) and reports the median ("typical") and the mean, halved.
-    let sp = small.as_mut_ptr();
     let warm = 100.min(o.lat_iters);
     let mut rtts: Vec<u64> = Vec::with_capacity(o.lat_iters);
     let (mut t0, mut c0) = (Instant::now(), cycles());
@@ -108,7 +130,6 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: 
     // answers with one 8-byte message, which closes the timed interval.
     for &size in &o.sizes {
         let iters = (o.bytes / size.max(1)).clamp(8, 100_000);
-        let bp = buf.as_mut_ptr();
         let t0 = Instant::now();
         let mut inflight = std::collections::VecDeque::with_capacity(o.window);
         for _ in 0..iters {
@@ -132,10 +153,21 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: 
         let gbs = (size * iters) as f64 / dt / 1e9;
         r.out(&format!(" {size:>12} {iters:>8} {:>12.1} {gbs:>10.3}", dt * 1e6 / iters as f64));
     }
+    // GPU buffers: the receiver's holds what the sender's last message carried.
+    let mut wrong = 0;
+    if let (Some((b, _)), Some(&last)) = (&gpu, o.sizes.last()) {
+        if rank == 1 {
+            let mut got = vec![0u8; last];
+            b.download(&mut got).map_err(|e| e.msg)?;
+            wrong = got.iter().enumerate().filter(|(i, v)| **v != (i * 131) as u8).count() as u64;
+            // Rank 1 speaks here (r.out is rank 0's): the launcher prints every rank's OUT lines.
+            println!("OUT # GPU buffer check: {wrong} wrong byte(s) of {last}");
+        }
+    }
     for (c, m) in [(r.send, mh_s), (r.recv, mh_r), (r.send, mh_small_s), (r.recv, mh_small_r)] {
         net.dereg(c, m)?;
     }
-    Ok(0)
+    Ok(wrong)
 }
 
 /// A cheap, monotonic cycle count (the TSC on x86_64; nanoseconds elsewhere).
