@@ -49,3 +49,20 @@ fn a_handle_registered_through_another_comm() {
         assert_eq!(t().closeListen.unwrap()(lc), 0);
     }
 }
+
+/// A ping-pong through the staging engine: each rank posts its send, then waits on its receive
+/// only. The staged send must move on from the receive comm's calls (before the fix it waited
+/// for a test on the send request, and both ranks timed out).
+#[test]
+fn a_send_moves_while_the_caller_waits_on_a_receive() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rivet"))
+        .args(["perf", "--sizes", "64K,1M", "--bytes", "8M", "--lat-iters", "50"])
+        .env("RIVET_STAGE_HOST", "1")
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("RIVET_TIMEOUT", "5")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("# latency (8 B ping-pong, one way): typical"), "{text}");
+}
