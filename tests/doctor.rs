@@ -109,6 +109,19 @@ fn fixture_machines() {
     assert!(s.contains("GPU 0000:15:00.0: closest NIC mlx5_0 (path PIX, peer memory (module/nvidia_peermem/version)): GDR"), "{s}");
     assert!(section(&t, "GPUDirect").contains("peer memory: yes (module/nvidia_peermem/version)"), "{t}");
 
+    // A baseline of this machine, then the peer-memory module goes away (a driver update that
+    // lost it): --diff names the module and every decision that changed, and exits 1.
+    let base = f.root.join("baseline.json");
+    let (rc, _) = doctor(&["--save", base.to_str().unwrap()], Some(&f.root));
+    assert_eq!(rc, 0);
+    let (rc, t) = doctor(&["--diff", base.to_str().unwrap()], Some(&f.root));
+    assert_eq!(rc, 0, "{t}");
+    std::fs::remove_dir_all(f.root.join("module/nvidia_peermem")).unwrap();
+    let (rc, t) = doctor(&["--diff", base.to_str().unwrap()], Some(&f.root));
+    assert_eq!(rc, 1, "{t}");
+    assert!(t.contains("~ gpudirect.peermem: module/nvidia_peermem/version -> none"), "{t}");
+    assert!(t.contains("~ topo.0000:15:00.0.mlx5_0: PIX GDR -> PIX staging"), "{t}");
+
     // Two sockets, GPU and NICs on different ones: a warning that says so.
     let f = fixture::two_socket();
     let (_, t) = doctor(&[], Some(&f.root));
