@@ -73,6 +73,9 @@ staged() {
 }
 step staged-v12-rxe0-rxe1 staged 12
 step staged-v8-rxe0-rxe1 staged 8
+# A staged ping-pong over verbs in which each rank waits only on its receive: staged sends must
+# move on from the receive comm's calls; then streaming with partial (pipelined) rendezvous sends.
+step staged-perf env RIVET_STAGE_HOST=1 ./rivet perf --lib $LIB --dev 0,1 --sizes 64K,4M --bytes 16M --lat-iters 50
 step badrkey ./conformance --lib $LIB --api 12 --dev 0 --dev2 1 --case badrkey
 # The Rust fault tests whose subject is the same on both transports (the out-of-band listener,
 # closing with requests in flight, configuration warnings), here over verbs.
