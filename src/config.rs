@@ -38,6 +38,11 @@ pub const VARS: &[Var] = &[
         meaning: "Smallest piece (bytes, 4096-1073741824) of a message sent on one TCP stream.",
     },
     Var {
+        name: "RIVET_SOCKET_THREADS",
+        default: "auto",
+        meaning: "1: TCP streams 2..n each get a helper thread that moves its parts of large messages, so their copies run on several cores (as NCCL_SOCKET_NTHREADS does for NCCL's socket transport); the threads are joined when the comm closes. 0: one thread serves every stream. auto: 1 on hosts with at least 4 CPUs.",
+    },
+    Var {
         name: "RIVET_TIMEOUT",
         default: "30",
         meaning: "Seconds (1-3600) before a connection setup, an unanswered handshake, unacknowledged data on a TCP stream, or a vanished RDMA peer fails with an error instead of waiting forever.",
@@ -165,6 +170,7 @@ pub struct Config {
     pub socket_family: Option<i32>,
     pub socket_nstreams: usize,
     pub socket_min_chunk: usize,
+    pub socket_threads: bool,
     pub timeout_secs: u64,
     pub ib_disable: bool,
     pub ib_hca: Option<String>,
@@ -298,6 +304,12 @@ impl Config {
             socket_family: family_var(get),
             socket_nstreams: int_var(get, "RIVET_SOCKET_NSTREAMS", 1, 16) as usize,
             socket_min_chunk: int_var(get, "RIVET_SOCKET_MIN_CHUNK", 4096, 1 << 30) as usize,
+            socket_threads: word_var(get, "RIVET_SOCKET_THREADS", "auto, 0 or 1", |s| match s.trim().to_ascii_lowercase().as_str() {
+                "auto" => Some(std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4)),
+                "1" => Some(true),
+                "0" => Some(false),
+                _ => None,
+            }),
             timeout_secs: int_var(get, "RIVET_TIMEOUT", 1, 3600),
             ib_disable: int_var(get, "NCCL_IB_DISABLE", 0, 1) == 1,
             ib_hca: get("NCCL_IB_HCA"),

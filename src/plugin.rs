@@ -183,9 +183,10 @@ pub fn init(logger: ncclDebugLogger_t, abi: u32) -> Result<()> {
         match &devs.no_rdma {
             Some(why) => log::info!(
                 target: INIT,
-                "NET/rivet: transport TCP (RDMA not used: {why}), {} device(s), {} stream(s) per connection, timeout {}s",
+                "NET/rivet: transport TCP (RDMA not used: {why}), {} device(s), {} stream(s) per connection{}, timeout {}s",
                 devs.list.len(),
                 cfg.socket_nstreams,
+                if cfg.socket_threads && cfg.socket_nstreams > 1 { " (helper threads for streams 2..)" } else { "" },
                 cfg.timeout_secs
             ),
             None => log::info!(

@@ -124,6 +124,22 @@ fn staged(api: u32) {
     assert_eq!(host, 0, "every buffer is registered, so none should bypass the engine:\n{out}");
 }
 
+/// Every case with helper threads on streams 2..n (RIVET_SOCKET_THREADS=1), 4 streams and small
+/// chunks so that most messages reach the helpers; closing with requests in flight and the
+/// reload case (threads counted) check that the helpers are joined.
+#[test]
+fn helper_threads_v12() {
+    let l = lib();
+    let env = [("RIVET_SOCKET_THREADS", "1"), ("RIVET_SOCKET_NSTREAMS", "4"), ("RIVET_SOCKET_MIN_CHUNK", "4096")];
+    let (ok, out) = run_driver(&["--lib", l.to_str().unwrap(), "--api", "12"], &env);
+    assert!(ok, "conformance with helper threads failed:\n{out}");
+    for c in CASES {
+        assert!(out.contains(&format!("PASS api=12 case={c} ")), "case {c} did not pass with helper threads:\n{out}");
+    }
+    let (ok, out) = run_driver(&["--lib", l.to_str().unwrap(), "--api", "12"], &[env[0], env[1], env[2], ("RIVET_STAGE_HOST", "1")]);
+    assert!(ok, "staged conformance with helper threads failed:\n{out}");
+}
+
 #[test]
 fn staged_v12() {
     staged(12);

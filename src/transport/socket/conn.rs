@@ -3,6 +3,7 @@
 //! non-blocking and progressed from `test` (and eagerly from `isend`/`irecv`); all bookkeeping
 //! is preallocated, so posting and completing a message allocates nothing.
 
+use super::helper::{Helper, Part, Shared};
 use super::sock::{self, Io};
 use crate::error::{Error, Result};
 use crate::proto::{split, MsgHeader, MSG_HDR_SIZE};
@@ -10,6 +11,8 @@ use crate::transport::{Conn, MrInfo, RecvBuf, MAX_RECVS};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Send slots: NCCL keeps up to 32 requests in flight, times maxRecvs on the send side.
 pub const SEND_SLOTS: usize = crate::abi::types::NCCL_NET_MAX_REQUESTS * MAX_RECVS;
@@ -30,6 +33,10 @@ struct Task {
 const HDR: usize = usize::MAX;
 
 struct Streams {
+    /// Helper threads of streams 1.. (RIVET_SOCKET_THREADS=1); first, so they are joined
+    /// before the sockets close.
+    helpers: Vec<Option<Helper>>,
+    shared: Arc<Shared>,
     _fds: Vec<OwnedFd>,
     raw: Vec<RawFd>,
     pfds: Vec<libc::pollfd>,
@@ -42,11 +49,48 @@ struct Streams {
 unsafe impl Send for Streams {}
 
 impl Streams {
-    fn new(fds: Vec<OwnedFd>, peer: SocketAddr, min_chunk: usize, per_queue: usize) -> Streams {
+    fn new(fds: Vec<OwnedFd>, peer: SocketAddr, min_chunk: usize, per_queue: usize, slots: usize, send: bool) -> Streams {
         let raw = fds.iter().map(|f| f.as_raw_fd()).collect::<Vec<_>>();
         let queues = (0..fds.len()).map(|_| VecDeque::with_capacity(per_queue)).collect();
         let pfds = raw.iter().map(|&fd| libc::pollfd { fd, events: 0, revents: 0 }).collect();
-        Streams { _fds: fds, raw, pfds, queues, peer, min_chunk, failed: None }
+        let shared = Shared::new(slots);
+        let threads = crate::config::get().socket_threads;
+        let helpers = raw
+            .iter()
+            .enumerate()
+            .map(|(j, &fd)| {
+                if j == 0 || !threads {
+                    return None;
+                }
+                match Helper::spawn(fd, j, send, peer, shared.clone(), per_queue) {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        log::warn!("NET/rivet: cannot start a helper thread for stream {j} to {peer} ({e}); the stream is served inline");
+                        None
+                    }
+                }
+            })
+            .collect();
+        Streams { helpers, shared, _fds: fds, raw, pfds, queues, peer, min_chunk, failed: None }
+    }
+
+    /// Queue a part on stream `j`: its helper's, or the calling thread's.
+    fn push(&mut self, j: usize, t: Task) {
+        match &self.helpers[j] {
+            Some(h) => h.push(Part { slot: t.slot, ptr: t.ptr, len: t.len, base: t.base }),
+            None => self.queues[j].push_back(t),
+        }
+    }
+
+    /// Parts of request `slot` still moving: `pending` counts all that were queued, the helpers
+    /// count the ones they finished.
+    fn outstanding(&self, slot: u32, pending: u32) -> u32 {
+        pending.saturating_sub(self.shared.done[slot as usize].load(Ordering::Acquire))
+    }
+
+    /// A request is over: its helper count starts again from zero.
+    fn reset(&self, slot: u32) {
+        self.shared.done[slot as usize].store(0, Ordering::Relaxed);
     }
 
     /// Which of the streams in `want` (a bit per stream) are ready for `events`, in one poll(2)
@@ -84,7 +128,10 @@ impl Streams {
     fn check(&self) -> Result<()> {
         match &self.failed {
             Some(e) => Err(e.clone()),
-            None => Ok(()),
+            None => match self.shared.check() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            },
         }
     }
 
@@ -142,7 +189,7 @@ impl SendConn {
             .collect::<Vec<_>>()
             .into_boxed_slice();
         SendConn {
-            s: Streams::new(fds, peer, min_chunk, 2 * SEND_SLOTS),
+            s: Streams::new(fds, peer, min_chunk, 2 * SEND_SLOTS, SEND_SLOTS, true),
             slots,
             free: (0..SEND_SLOTS as u32).rev().collect(),
             next_seq: 0,
@@ -226,6 +273,7 @@ impl Conn for SendConn {
         sl.size = size;
         sl.ready = ready.min(size);
         sl.busy = true;
+        self.s.shared.ready[slot as usize].store(sl.ready, Ordering::Release);
         let (k, chunk) = split(size, self.s.raw.len(), self.s.min_chunk);
         let hdr_ptr = sl.hdr.as_mut_ptr();
         self.s.queues[0].push_back(Task { slot, ptr: hdr_ptr, len: MSG_HDR_SIZE, off: 0, base: HDR });
@@ -235,7 +283,7 @@ impl Conn for SendConn {
                 let lo = j * chunk;
                 let hi = ((j + 1) * chunk).min(size);
                 let ptr = unsafe { data.add(lo) } as *mut u8;
-                self.s.queues[j].push_back(Task { slot, ptr, len: hi - lo, off: 0, base: lo });
+                self.s.push(j, Task { slot, ptr, len: hi - lo, off: 0, base: lo });
                 pending += 1;
             }
         }
@@ -247,6 +295,10 @@ impl Conn for SendConn {
     fn set_ready(&mut self, slot: u32, ready: usize) -> Result<()> {
         let sl = self.slots.get_mut(slot as usize).ok_or_else(|| Error::internal("request slot out of range"))?;
         sl.ready = sl.ready.max(ready.min(sl.size));
+        self.s.shared.ready[slot as usize].store(sl.ready, Ordering::Release);
+        for h in self.s.helpers.iter().flatten() {
+            h.nudge();
+        }
         self.progress()
     }
 
@@ -255,14 +307,16 @@ impl Conn for SendConn {
         if !sl.busy {
             return Err(Error::internal("test on a request that is not in flight (already completed?)"));
         }
-        if sl.pending > 0 {
+        if self.s.outstanding(slot, sl.pending) > 0 {
             self.progress()?;
         }
         let sl = &mut self.slots[slot as usize];
-        if sl.pending > 0 {
+        if self.s.outstanding(slot, sl.pending) > 0 {
             return Ok(None);
         }
+        self.s.check()?;
         sl.busy = false;
+        self.s.reset(slot);
         sizes[0] = sl.size;
         self.free.push(slot);
         Ok(Some(1))
@@ -312,7 +366,7 @@ impl RecvConn {
             .collect::<Vec<_>>()
             .into_boxed_slice();
         RecvConn {
-            s: Streams::new(fds, peer, min_chunk, RECV_SLOTS * MAX_RECVS),
+            s: Streams::new(fds, peer, min_chunk, RECV_SLOTS * MAX_RECVS, RECV_SLOTS, false),
             slots,
             free: (0..RECV_SLOTS as u32).rev().collect(),
             posted: VecDeque::with_capacity(RECV_SLOTS),
@@ -437,7 +491,7 @@ impl RecvConn {
             for j in 0..k {
                 let lo = j * chunk;
                 let hi = ((j + 1) * chunk).min(size);
-                self.s.queues[j].push_back(Task { slot, ptr: unsafe { base.add(lo) }, len: hi - lo, off: 0, base: HDR });
+                self.s.push(j, Task { slot, ptr: unsafe { base.add(lo) }, len: hi - lo, off: 0, base: HDR });
             }
             self.slots[slot as usize].pending += k as u32;
         }
@@ -470,15 +524,17 @@ impl Conn for RecvConn {
         if !sl.busy {
             return Err(Error::internal("test on a request that is not in flight (already completed?)"));
         }
-        let done = |s: &RecvSlot| s.nmatched == s.n && s.pending == 0;
-        if !done(sl) {
+        let done = |st: &Streams, s: &RecvSlot| s.nmatched == s.n && st.outstanding(slot, s.pending) == 0;
+        if !done(&self.s, sl) {
             self.progress()?;
         }
         let sl = &mut self.slots[slot as usize];
-        if !done(sl) {
+        if !done(&self.s, sl) {
             return Ok(None);
         }
+        self.s.check()?;
         sl.busy = false;
+        self.s.reset(slot);
         sizes[..sl.n].copy_from_slice(&sl.sizes[..sl.n]);
         let n = sl.n;
         self.free.push(slot);

@@ -3,6 +3,7 @@
 //! `accept` never block; the data path is in [`conn`].
 
 pub mod conn;
+pub mod helper;
 pub mod ifaces;
 pub mod sock;
 
