@@ -151,17 +151,7 @@ pub fn gdr_attributes(ordinal: i32) -> Result<(bool, bool)> {
 /// The GPU that owns device memory at `ptr`; an error when it is not device memory.
 pub fn pointer_info(ptr: usize) -> Result<PtrInfo> {
     get().map_err(|why| Error::usage(format!("a CUDA buffer was registered but rivet cannot use CUDA: {why}")))?;
-    let mut mem_type: u32 = 0;
-    check(
-        unsafe {
-            cu::cuPointerGetAttribute(
-                &mut mem_type as *mut u32 as *mut c_void,
-                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                ptr as cu::CUdeviceptr,
-            )
-        },
-        &format!("cuPointerGetAttribute({ptr:#x}, MEMORY_TYPE)"),
-    )?;
+    let mem_type = pointer_attr(ptr, cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, "MEMORY_TYPE")? as u32;
     if mem_type != cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
         return Err(Error::internal(format!(
             "{ptr:#x} was registered as NCCL_PTR_CUDA but the driver says it is not device memory (memory type {mem_type})"
@@ -246,18 +236,17 @@ pub fn copy_to_device_sync(dst: usize, src: *const u8, len: usize) -> Result<()>
 
 /// The CUDA device that owns device memory at `ptr`.
 fn pointer_ordinal(ptr: usize) -> Result<i32> {
-    let mut ordinal: i32 = -1;
+    pointer_attr(ptr, cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, "DEVICE_ORDINAL")
+}
+
+/// One 32-bit attribute of the memory at `ptr` (`name` for the error).
+fn pointer_attr(ptr: usize, attr: cu::CUpointer_attribute, name: &str) -> Result<i32> {
+    let mut v: i32 = -1;
     check(
-        unsafe {
-            cu::cuPointerGetAttribute(
-                &mut ordinal as *mut i32 as *mut c_void,
-                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                ptr as cu::CUdeviceptr,
-            )
-        },
-        &format!("cuPointerGetAttribute({ptr:#x}, DEVICE_ORDINAL)"),
+        unsafe { cu::cuPointerGetAttribute(&mut v as *mut i32 as *mut c_void, attr, ptr as cu::CUdeviceptr) },
+        &format!("cuPointerGetAttribute({ptr:#x}, {name})"),
     )?;
-    Ok(ordinal)
+    Ok(v)
 }
 
 /// Device memory (`cuMemAlloc`) in a GPU's primary context: the buffers of `rivet perf --cuda`

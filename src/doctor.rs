@@ -59,10 +59,7 @@ fn memlock() -> Memlock {
     } else {
         Some(r.rlim_cur)
     };
-    let cap_ipc_lock = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|h| u64::from_str_radix(h.trim(), 16).ok()))
-        .is_some_and(|caps| caps & (1 << 14) != 0);
+    let cap_ipc_lock = dev::has_cap_ipc_lock();
     Memlock { limit, cap_ipc_lock }
 }
 
@@ -311,7 +308,7 @@ fn limits_section(f: &Facts) -> Section {
         "RLIMIT_MEMLOCK {lim}{}; rivet needs unlimited (or at least 1 GiB) to register NCCL's buffers",
         if f.memlock.cap_ipc_lock { " (CAP_IPC_LOCK: the limit does not apply)" } else { "" }
     ));
-    let low = matches!(f.memlock.limit, Some(b) if b < 1 << 30) && !f.memlock.cap_ipc_lock;
+    let low = matches!(f.memlock.limit, Some(b) if b < dev::MEMLOCK_NEEDED) && !f.memlock.cap_ipc_lock;
     if low {
         if f.rdma.is_ok() {
             s.warn(

@@ -221,7 +221,11 @@ pub fn memlock_hint() -> String {
     }
 }
 
-fn has_cap_ipc_lock() -> bool {
+/// Locked memory registrations need: unlimited, or at least this much.
+pub const MEMLOCK_NEEDED: u64 = 1 << 30;
+
+/// Whether the process has CAP_IPC_LOCK (RLIMIT_MEMLOCK then does not apply).
+pub fn has_cap_ipc_lock() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -238,7 +242,7 @@ pub fn memlock_problem() -> Option<String> {
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
         return None;
     }
-    if r.rlim_cur == libc::RLIM_INFINITY || r.rlim_cur >= 1 << 30 || has_cap_ipc_lock() {
+    if r.rlim_cur == libc::RLIM_INFINITY || r.rlim_cur >= MEMLOCK_NEEDED || has_cap_ipc_lock() {
         return None;
     }
     Some(format!(
@@ -343,23 +347,36 @@ fn port_netdev(dev: &str, port: u8, gids: &[GidEntry]) -> Option<(String, u32)> 
     })
 }
 
-/// Every RDMA device and every port, active or not, for `rivet doctor`. `Err` says why there is
-/// no RDMA device at all.
-pub fn survey(cfg: &Config) -> std::result::Result<Vec<DevSurvey>, String> {
-    let v = verbs::get().map_err(|e| e.0)?;
+/// Call `f` with every RDMA device libibverbs lists and its name; `Err` says why there is none.
+fn for_each_device(v: &Verbs, mut f: impl FnMut(*mut ibv_device, &str)) -> std::result::Result<(), String> {
     let mut n: c_int = 0;
     let list = unsafe { (v.get_device_list)(&mut n) };
     if list.is_null() || n <= 0 {
         if !list.is_null() {
             unsafe { (v.free_device_list)(list) };
         }
-        return Err(format!("{} found no RDMA device (no HCA, or its kernel driver or rdma-core provider is missing)", v.path));
+        return Err(format!(
+            "{} found no RDMA device (no HCA, or its kernel driver or rdma-core provider is missing: see `ibv_devices`)",
+            v.path
+        ));
     }
-    let filter = cfg.ib_hca.as_deref().map(HcaFilter::parse);
-    let mut out = Vec::new();
     for i in 0..n as usize {
         let d = unsafe { *list.add(i) };
         let name = unsafe { CStr::from_ptr((v.get_device_name)(d)) }.to_string_lossy().into_owned();
+        f(d, &name);
+    }
+    unsafe { (v.free_device_list)(list) };
+    Ok(())
+}
+
+/// Every RDMA device and every port, active or not, for `rivet doctor`. `Err` says why there is
+/// no RDMA device at all.
+pub fn survey(cfg: &Config) -> std::result::Result<Vec<DevSurvey>, String> {
+    let v = verbs::get().map_err(|e| e.0)?;
+    let filter = cfg.ib_hca.as_deref().map(HcaFilter::parse);
+    let mut out = Vec::new();
+    for_each_device(v, |d, name| {
+        let name = name.to_string();
         let ctx = unsafe { (v.open_device)(d) };
         let base = DevSurvey {
             name: name.clone(),
@@ -374,7 +391,7 @@ pub fn survey(cfg: &Config) -> std::result::Result<Vec<DevSurvey>, String> {
         };
         if ctx.is_null() {
             out.push(base);
-            continue;
+            return;
         }
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
         let mut dev = base;
@@ -419,8 +436,7 @@ pub fn survey(cfg: &Config) -> std::result::Result<Vec<DevSurvey>, String> {
         }
         unsafe { (v.close_device)(ctx) };
         out.push(dev);
-    }
-    unsafe { (v.free_device_list)(list) };
+    })?;
     Ok(out)
 }
 
@@ -428,29 +444,13 @@ pub fn survey(cfg: &Config) -> std::result::Result<Vec<DevSurvey>, String> {
 /// back to TCP and logs the reason).
 pub fn discover(cfg: &Config) -> std::result::Result<Vec<IbPort>, String> {
     let v = verbs::get().map_err(|e| e.0)?;
-    let mut n: c_int = 0;
-    let list = unsafe { (v.get_device_list)(&mut n) };
-    if list.is_null() || n <= 0 {
-        if !list.is_null() {
-            unsafe { (v.free_device_list)(list) };
-        }
-        return Err(format!(
-            "{} found no RDMA device (no HCA, or its kernel driver or rdma-core provider is missing: see `ibv_devices`)",
-            v.path
-        ));
-    }
     let filter = cfg.ib_hca.as_deref().map(HcaFilter::parse);
     let mut ports = Vec::new();
     let mut notes = Vec::new();
-    for i in 0..n as usize {
-        let d = unsafe { *list.add(i) };
-        let name = unsafe { CStr::from_ptr((v.get_device_name)(d)) }.to_string_lossy().into_owned();
-        match open_device(v, cfg, d, &name, filter.as_ref(), &mut notes) {
-            Ok(mut p) => ports.append(&mut p),
-            Err(e) => notes.push(e),
-        }
-    }
-    unsafe { (v.free_device_list)(list) };
+    for_each_device(v, |d, name| match open_device(v, cfg, d, name, filter.as_ref(), &mut notes) {
+        Ok(mut p) => ports.append(&mut p),
+        Err(e) => notes.push(e),
+    })?;
     if ports.is_empty() {
         return Err(format!("no usable RDMA port: {}", notes.join("; ")));
     }
