@@ -2,8 +2,33 @@
 // that name (and an LD_PRELOADed copy, which the dynamic loader matches by SONAME) is found.
 // `-z nodelete` keeps the library mapped after NCCL 2.27+ dlcloses it, so no code or static it handed
 // out (logger state, thread-local destructors) can be unmapped under a running process.
+// RIVET_GIT_REV is the revision `rivet --version` reports ("unknown" outside a git checkout).
+use std::process::Command;
+
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl-net-rivet.so");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo:rerun-if-changed=build.rs");
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let rev = std::env::var("RIVET_GIT_REV").ok().filter(|r| !r.is_empty()).or_else(|| git(&["rev-parse", "--short=12", "HEAD"]));
+    println!("cargo:rustc-env=RIVET_GIT_REV={}", rev.unwrap_or_else(|| "unknown".into()));
+    println!("cargo:rerun-if-env-changed=RIVET_GIT_REV");
+    // Rebuild when HEAD moves (a commit, a checkout).
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
+        let mut watch = vec![format!("{dir}/HEAD"), format!("{dir}/packed-refs")];
+        if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            watch.push(format!("{dir}/{r}"));
+        }
+        // A path that does not exist would make cargo rerun this script on every build.
+        for w in watch.iter().filter(|w| std::path::Path::new(w).exists()) {
+            println!("cargo:rerun-if-changed={w}");
+        }
+    }
 }

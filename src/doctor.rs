@@ -43,6 +43,10 @@ pub struct Facts {
     pub topo: Topology,
     /// The transport the plugin picks, and why.
     pub transport: (String, String),
+    /// The devices NCCL gets from the plugin, by name (RDMA devices, or TCP interfaces).
+    pub net_devs: Vec<String>,
+    /// RIVET_SOCKET_CUDA: the TCP transport stages GPU buffers itself.
+    pub socket_cuda: bool,
     pub gdr_mode: gdr::Mode,
     pub gdr_level: PathClass,
     pub dmabuf_on: bool,
@@ -78,6 +82,9 @@ impl Facts {
     pub fn gather() -> Facts {
         let cfg: &Config = config::get();
         let topo = Topology::probe(&Topology::default_root());
+        let net_devs = crate::plugin::devices_table()
+            .map(|t| t.list.iter().map(|d| d.name.to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
         let transport = match crate::plugin::devices_table() {
             Ok(t) => match &t.no_rdma {
                 None => (
@@ -106,6 +113,8 @@ impl Facts {
             cuda: cuda_facts(),
             topo,
             transport,
+            net_devs,
+            socket_cuda: cfg.socket_cuda,
             gdr_mode: cfg.gdr,
             gdr_level: cfg.gdr_level,
             dmabuf_on: cfg.dmabuf,
@@ -480,6 +489,96 @@ fn topology_section(f: &Facts) -> Section {
         }
     }
     s.summary = format!("{} GPU(s), {} NIC(s)", t.gpus.len(), t.nics.len());
+    // A node built for GPUDirect (an RDMA NIC within RIVET_GDR_LEVEL of a GPU) whose GPUs all
+    // stage does not give a GPU job what it was built for.
+    let near = |g: &crate::topo::PciDev| {
+        t.nics.iter().any(|n| n.kind == crate::topo::NicKind::Rdma && t.path(&g.addr, &n.name).nccl() <= f.gdr_level.nccl())
+    };
+    let all_staged = t.gpus.iter().all(|g| t.nics.iter().all(|n| !matches!(pair_decision(f, &g.addr, &n.name), gdr::Decision::Gdr(_))));
+    if all_staged && t.gpus.iter().any(near) {
+        let why = t
+            .gpus
+            .iter()
+            .find(|g| near(g))
+            .and_then(|g| {
+                let n = t.nics.iter().filter(|n| n.kind == crate::topo::NicKind::Rdma).min_by_key(|n| t.path(&g.addr, &n.name))?;
+                match pair_decision(f, &g.addr, &n.name) {
+                    gdr::Decision::Staging(why) => Some(format!("GPU {} with {}: {why}", g.addr, n.name)),
+                    gdr::Decision::Gdr(_) => None,
+                }
+            })
+            .unwrap_or_default();
+        s.summary += ", every GPU stages";
+        s.warn(
+            format!("every GPU's buffers go through host staging, although RDMA NICs sit within {} of GPUs ({why})", f.gdr_level),
+            "see the GPUDirect section: load nvidia-peermem or use dma-buf; check RIVET_GDR and RIVET_GDR_LEVEL".into(),
+        );
+    }
+    s
+}
+
+/// The GPUs a job would use: those in sysfs, then any CUDA reports that sysfs does not show.
+fn gpu_list(f: &Facts) -> Vec<(String, Option<i32>)> {
+    let cuda: &[GpuFacts] = f.cuda.as_ref().map(|(_, g)| g.as_slice()).unwrap_or(&[]);
+    let norm = |b: &str| crate::topo::normalize_bus_id(b).unwrap_or_else(|| b.to_string());
+    let mut out: Vec<(String, Option<i32>)> =
+        f.topo.gpus.iter().map(|g| (g.addr.clone(), cuda.iter().find(|c| norm(&c.bus_id) == g.addr).map(|c| c.ordinal))).collect();
+    for c in cuda {
+        if !out.iter().any(|(a, _)| *a == norm(&c.bus_id)) {
+            out.push((norm(&c.bus_id), Some(c.ordinal)));
+        }
+    }
+    out
+}
+
+/// One line per GPU: the NIC NCCL will pair it with (the closest of the plugin's devices), the
+/// transport, and GDR or staging with the reason. A GPU job that gets TCP is a WARN.
+fn gpu_jobs_section(f: &Facts) -> Section {
+    let mut s = Section::new("GPU jobs");
+    let gpus = gpu_list(f);
+    if gpus.is_empty() {
+        s.verdict = Verdict::Info;
+        s.summary = "no GPU: nothing to check for GPU jobs".into();
+        return s;
+    }
+    let t = &f.topo;
+    let tcp = f.transport.0 == "TCP";
+    for (i, (addr, ordinal)) in gpus.iter().enumerate() {
+        let who = format!("GPU{i} {addr}{}", ordinal.map(|o| format!(" (CUDA device {o})")).unwrap_or_default());
+        let nic = f.net_devs.iter().min_by_key(|n| t.path(addr, n));
+        let Some(nic) = nic else {
+            s.lines.push(format!("{who}: no network device: NCCL cannot leave this node"));
+            continue;
+        };
+        let path = t.path(addr, nic);
+        let how = if tcp {
+            if f.socket_cuda {
+                "TCP; rivet stages its buffers through host memory (RIVET_SOCKET_CUDA=1)".to_string()
+            } else {
+                "TCP; NCCL copies its buffers through host memory itself".to_string()
+            }
+        } else {
+            match pair_decision(f, addr, nic) {
+                gdr::Decision::Gdr(why) => format!("RDMA verbs, GDR ({why})"),
+                gdr::Decision::Staging(why) => format!("RDMA verbs, host staging ({why})"),
+            }
+        };
+        s.lines.push(format!("{who}: NIC {nic} (path {path}): {how}"));
+    }
+    s.summary = format!("{} GPU(s)", gpus.len());
+    match f.transport.0.as_str() {
+        "TCP" => {
+            let why = f.transport.1.split("; TCP on").next().unwrap_or(&f.transport.1).to_string();
+            s.warn(
+                format!("this node has {} GPU(s), but NCCL would move their data over TCP ({why})", gpus.len()),
+                "give the job RDMA: install rdma-core (libibverbs1, ibverbs-providers), pass /dev/infiniband into the container, and see the RDMA section; NCCL_IB_DISABLE must not be 1".into(),
+            );
+        }
+        "RDMA verbs" => {}
+        _ => {
+            s.warn("NCCL would get no network device from rivet".into(), "see the Transport section".into());
+        }
+    }
     s
 }
 
@@ -502,7 +601,7 @@ fn transport_section(f: &Facts) -> Section {
 }
 
 pub fn analyze(f: &Facts) -> Vec<Section> {
-    vec![devices_section(f), limits_section(f), gpudirect_section(f), topology_section(f), transport_section(f)]
+    vec![devices_section(f), limits_section(f), gpudirect_section(f), topology_section(f), transport_section(f), gpu_jobs_section(f)]
 }
 
 pub fn render(sections: &[Section]) -> String {
@@ -688,6 +787,8 @@ mod tests {
             cuda: Ok((12040, vec![GpuFacts { ordinal: 0, bus_id: "0000:18:00.0".into(), gdr: true, dmabuf: true }])),
             topo: Topology { root: "/nonexistent".into(), gpus: vec![], nics: vec![], numa_nodes: vec![] },
             transport: ("RDMA verbs".into(), "1 active port(s): mlx5_0".into()),
+            net_devs: vec!["mlx5_0".into()],
+            socket_cuda: false,
             gdr_mode: gdr::Mode::Auto,
             gdr_level: PathClass::Pxb,
             dmabuf_on: true,

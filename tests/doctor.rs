@@ -87,6 +87,17 @@ fn json_save_and_diff() {
     assert!(t.contains("~ transport: RDMA verbs -> TCP"), "{t}");
     assert!(t.contains("- port.mlx5_0:1.gid.3: 10.0.0.1 v2"), "{t}");
 
+    // --save creates the baseline's directory; one it cannot create is an error before any report.
+    let nested = dir.join("a/b/baseline.json");
+    let (rc, t) = doctor(&["--save", nested.to_str().unwrap()], None);
+    assert_eq!(rc, 0, "{t}");
+    assert!(std::fs::read_to_string(&nested).unwrap().contains("\"facts\""));
+    std::fs::write(dir.join("file"), "").unwrap();
+    let bad = dir.join("file/baseline.json");
+    let (rc, t) = doctor(&["--save", bad.to_str().unwrap()], None);
+    assert_eq!(rc, 1, "{t}");
+    assert!(t.contains("cannot create the directory") && !t.contains("== "), "the error comes first, alone: {t}");
+
     std::fs::write(&base, "not json").unwrap();
     let (rc, t) = doctor(&["--diff", base.to_str().unwrap()], None);
     assert_eq!(rc, 1);
@@ -103,6 +114,12 @@ fn fixture_machines() {
     let (_, t) = doctor(&[], Some(&f.root));
     let s = section(&t, "GPU x NIC topology");
     assert!(s.contains("OK 8 GPU(s)"), "{s}");
+    // This host gives NCCL only TCP: with GPUs that is never OK, and each GPU says what it gets.
+    let g = section(&t, "GPU jobs");
+    assert!(g.contains("WARN this node has 8 GPU(s), but NCCL would move their data over TCP"), "{g}");
+    assert!(g.contains("GPU0 0000:15:00.0: NIC lo (path UNKNOWN): TCP; NCCL copies its buffers through host memory itself"), "{g}");
+    assert_eq!(g.lines().filter(|l| l.trim_start().starts_with("GPU")).count(), 8, "{g}");
+    assert!(t.contains("== overall: WARN"), "{t}");
     let row = s.lines().find(|l| l.trim_start().starts_with("0000:15:00.0")).unwrap_or_else(|| panic!("{s}"));
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(&cells[1..6], ["PIX/GDR", "PXB/GDR", "PHB/stg", "NODE/stg", "SYS/stg"], "{s}");
@@ -121,6 +138,13 @@ fn fixture_machines() {
     assert_eq!(rc, 1, "{t}");
     assert!(t.contains("~ gpudirect.peermem: module/nvidia_peermem/version -> none"), "{t}");
     assert!(t.contains("~ topo.0000:15:00.0.mlx5_0: PIX GDR -> PIX staging"), "{t}");
+
+    // Without the module every GPU stages, although each has a NIC under its own switch: the
+    // topology section says so instead of OK.
+    let (_, t) = doctor(&[], Some(&f.root));
+    let s = section(&t, "GPU x NIC topology");
+    assert!(s.contains("WARN 8 GPU(s), 8 NIC(s), every GPU stages"), "{s}");
+    assert!(s.contains("WARN every GPU's buffers go through host staging, although RDMA NICs sit within PXB of GPUs (GPU 0000:15:00.0 with mlx5_0: no peer-memory module"), "{s}");
 
     // Two sockets, GPU and NICs on different ones: a warning that says so.
     let f = fixture::two_socket();

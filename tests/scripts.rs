@@ -17,7 +17,7 @@ fn stand_ins() -> (PathBuf, PathBuf) {
         Command::new("chmod").arg("+x").arg(&p).status().unwrap();
         p
     };
-    let bin = exe("all_reduce_perf", r#"echo "ARGS $*"; echo "NET=$NCCL_NET PLUGIN=$NCCL_NET_PLUGIN TIMEOUT=$RIVET_TIMEOUT""#);
+    let bin = exe("all_reduce_perf", r#"echo "ARGS $*"; echo "NET=$NCCL_NET PLUGIN=$NCCL_NET_PLUGIN TIMEOUT=$RIVET_TIMEOUT"; echo "LDPATH=$LD_LIBRARY_PATH""#);
     exe("mpirun", r#"echo "MPIRUN $*""#);
     // A plugin file to point at (its contents do not matter to the stand-ins).
     std::fs::write(dir.join("libnccl-net-rivet.so"), b"").unwrap();
@@ -44,7 +44,10 @@ fn local_and_mpirun() {
     let (lib_s, bin_s) = (lib.to_str().unwrap(), bin.to_str().unwrap());
     let t = run(&["--lib", lib_s, "--bin", bin_s], &dir);
     assert!(t.contains("ARGS -b 8 -e 128M -f 2 -g 1"), "{t}");
-    assert!(t.contains(&format!("NET=rivet PLUGIN={lib_s} TIMEOUT=7")), "{t}");
+    // NCCL_NET_PLUGIN=rivet and the library's directory on the loader path: what NCCL 2.18-2.20
+    // accept too (they cannot take an absolute path).
+    assert!(t.contains("NET=rivet PLUGIN=rivet TIMEOUT=7"), "{t}");
+    assert!(t.contains(&format!("LDPATH={}", dir.display())), "{t}");
     let t = run(&["--lib", lib_s, "--bin", bin_s, "--hosts", "n1,n2", "--", "-b", "1M", "-e", "1G"], &dir);
     let line = t.lines().find(|l| l.starts_with("MPIRUN")).unwrap_or_else(|| panic!("{t}"));
     assert!(line.starts_with("MPIRUN -np 2 -H n1,n2 -x LD_LIBRARY_PATH"), "{line}");
@@ -56,5 +59,10 @@ fn local_and_mpirun() {
     let out = Command::new("bash").arg(script()).args(["--lib", lib_s, "--bin", "/nonexistent"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("build nccl-tests"));
+    // A library under another name would not be found by NCCL_NET_PLUGIN=rivet.
+    std::fs::write(dir.join("libnccl_net_rivet.so"), b"").unwrap();
+    let out = Command::new("bash").arg(script()).args(["--lib", dir.join("libnccl_net_rivet.so").to_str().unwrap(), "--bin", bin_s]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be named libnccl-net-rivet.so"));
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -19,37 +19,22 @@ fn rivet_topo(root: &std::path::Path, args: &[&str], via_env: bool) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The objects of the JSON list, each as (key, raw value) pairs; a small parser for the flat
-/// objects `rivet topo --json` writes (strings without escapes, integers, null).
-fn objects(j: &str) -> Vec<Vec<(String, String)>> {
-    let j = j.trim();
-    assert!(j.starts_with('[') && j.ends_with(']'), "not a JSON list: {j}");
-    let body = &j[1..j.len() - 1];
-    let mut out = Vec::new();
-    for obj in body.split('}').map(str::trim).filter(|s| !s.is_empty()) {
-        let obj = obj.trim_start_matches(',').trim();
-        let obj = obj.strip_prefix('{').unwrap_or_else(|| panic!("not an object: {obj}"));
-        let mut fields = Vec::new();
-        for kv in obj.split(',') {
-            let (k, v) = kv.split_once(':').unwrap_or_else(|| panic!("bad field {kv}"));
-            let k = k.trim();
-            assert!(k.starts_with('"') && k.ends_with('"'), "bad key {k}");
-            let v = v.trim();
-            assert!(v == "null" || v.parse::<i64>().is_ok() || (v.starts_with('"') && v.ends_with('"')), "bad value {v}");
-            fields.push((k.trim_matches('"').to_string(), v.trim_matches('"').to_string()));
-        }
-        out.push(fields);
+/// The GPU-NIC pairs of `rivet topo --json`, each as its JSON object.
+fn objects(j: &str) -> Vec<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_str(j).unwrap_or_else(|e| panic!("not JSON ({e}): {j}"));
+    v["pairs"].as_array().unwrap_or_else(|| panic!("no pairs: {j}")).clone()
+}
+
+fn find<'a>(objs: &'a [serde_json::Value], gpu: &str, nic: &str) -> &'a serde_json::Value {
+    objs.iter().find(|o| o["gpu"] == gpu && o["nic"] == nic).unwrap_or_else(|| panic!("no pair {gpu} {nic}"))
+}
+
+/// A field as text: strings bare, numbers as digits, null as "null".
+fn field(o: &serde_json::Value, k: &str) -> String {
+    match o.get(k).unwrap_or_else(|| panic!("no key {k}")) {
+        serde_json::Value::String(s) => s.clone(),
+        v => v.to_string(),
     }
-    out
-}
-
-fn find<'a>(objs: &'a [Vec<(String, String)>], gpu: &str, nic: &str) -> &'a Vec<(String, String)> {
-    let get = |o: &'a Vec<(String, String)>, k: &str| o.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-    objs.iter().find(|o| get(o, "gpu") == Some(gpu) && get(o, "nic") == Some(nic)).unwrap_or_else(|| panic!("no pair {gpu} {nic}"))
-}
-
-fn field<'a>(o: &'a [(String, String)], k: &str) -> &'a str {
-    o.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str()).unwrap_or_else(|| panic!("no key {k}"))
 }
 
 #[test]
@@ -78,9 +63,9 @@ fn json_on_two_socket_and_vm() {
     let f = fixture::two_socket();
     let objs = objects(&rivet_topo(&f.root, &["--json"], false));
     let o = find(&objs, "0000:01:00.0", "mlx5_0");
-    assert_eq!((field(o, "path"), field(o, "gpu_numa"), field(o, "nic_numa")), ("SYS", "0", "1"));
+    assert_eq!([field(o, "path"), field(o, "gpu_numa"), field(o, "nic_numa")], ["SYS", "0", "1"]);
     let o = find(&objs, "0000:01:00.0", "eth2");
-    assert_eq!((field(o, "path"), field(o, "nic_numa")), ("SYS", "null"));
+    assert_eq!([field(o, "path"), field(o, "nic_numa")], ["SYS", "null"]);
 
     let f = fixture::vm();
     let objs = objects(&rivet_topo(&f.root, &["--sysfs", f.root.to_str().unwrap(), "--json"], true));
@@ -90,21 +75,69 @@ fn json_on_two_socket_and_vm() {
     assert_eq!(field(find(&objs, "0000:00:05.0", "eth0"), "path"), "PHB");
 }
 
+/// The matrix in the shape of `nvidia-smi topo -m`: a tab-separated header of GPUn, NICn and
+/// the affinity columns, X on the diagonal, and the legends with bus ids and device names.
 #[test]
 fn matrix_and_no_gpu() {
     let f = fixture::dgx_h100();
     let m = rivet_topo(&f.root, &[], false);
-    let row = m.lines().find(|l| l.starts_with("0000:15:00.0")).unwrap_or_else(|| panic!("{m}"));
-    let cells: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(cells, ["0000:15:00.0", "PIX", "PXB", "PHB", "NODE", "SYS", "SYS", "SYS", "SYS", "0"], "{m}");
-    assert!(m.contains("Legend: PIX"), "{m}");
+    let header: Vec<&str> = m.lines().next().unwrap().split('\t').collect();
+    let mut want = vec![""];
+    let labels: Vec<String> = (0..8).map(|i| format!("GPU{i}")).chain((0..8).map(|i| format!("NIC{i}"))).collect();
+    want.extend(labels.iter().map(String::as_str));
+    want.extend(["CPU Affinity", "NUMA Affinity"]);
+    assert_eq!(header, want, "{m}");
+    let row = |label: &str| -> Vec<String> {
+        m.lines().find(|l| l.starts_with(&format!("{label}\t"))).unwrap_or_else(|| panic!("no row {label}: {m}")).split('\t').map(|c| c.trim().to_string()).collect()
+    };
+    let g0 = row("GPU0");
+    assert_eq!(g0[1], "X", "{m}");
+    assert_eq!(&g0[9..17], ["PIX", "PXB", "PHB", "NODE", "SYS", "SYS", "SYS", "SYS"], "{m}");
+    assert_eq!(&g0[17..], ["0-31", "0"], "{m}");
+    assert_eq!(&row("GPU7")[17..], ["32-63", "1"], "{m}");
+    assert_eq!(row("NIC0")[1], "PIX", "{m}");
+    assert_eq!(row("NIC0")[9], "X", "{m}");
+    assert!(m.contains("  PIX  = Connection traversing at most a single PCIe bridge"), "{m}");
+    assert!(m.contains("  GPU0: 0000:15:00.0"), "{m}");
+    assert!(m.contains("  NIC7: mlx5_7 (RDMA, 0000:b4:00.0)"), "{m}");
 
     let f = fixture::Fixture::new("nogpu");
     let nic = "pci0000:00/0000:00:03.0";
     f.pci(nic, 0x1af4, fixture::CLASS_ETH, -1);
     f.net("eth0", Some(nic), None);
     let m = rivet_topo(&f.root, &[], false);
-    assert!(m.starts_with("no GPU found"), "{m}");
-    assert!(m.contains("NIC eth0") && m.contains("0000:00:03.0"), "{m}");
-    assert_eq!(rivet_topo(&f.root, &["--json"], false).trim(), "[]");
+    assert!(m.starts_with("\tNIC0\tCPU Affinity\tNUMA Affinity\n"), "{m}");
+    assert!(m.contains("no GPU found under") && m.contains("NIC0: eth0 (netdev, 0000:00:03.0)"), "{m}");
+    // JSON lists the NICs even with no GPU (and so no pairs).
+    let j: serde_json::Value = serde_json::from_str(&rivet_topo(&f.root, &["--json"], false)).unwrap();
+    assert_eq!(j["gpus"], serde_json::json!([]));
+    assert_eq!(j["pairs"], serde_json::json!([]));
+    assert_eq!(j["nics"], serde_json::json!([{"name": "eth0", "kind": "netdev", "pci": "0000:00:03.0", "numa": null}]));
+}
+
+/// `--example NAME` shows an example machine; `--write DIR` leaves its tree for
+/// `RIVET_SYSFS_ROOT`, which then gives the same answer.
+#[test]
+fn example_machines() {
+    let run = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_rivet")).arg("topo").args(args).env_remove("RIVET_SYSFS_ROOT").output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    for (name, gpus, nics) in [("dgx-h100", 8, 8), ("two-socket", 1, 3), ("vm", 1, 3)] {
+        let (rc, out, err) = run(&["--example", name, "--json"]);
+        assert_eq!(rc, Some(0), "{err}");
+        let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!((j["gpus"].as_array().unwrap().len(), j["nics"].as_array().unwrap().len()), (gpus, nics), "{name}: {out}");
+    }
+    let dir = std::env::temp_dir().join(format!("rivet-example-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (rc, shown, err) = run(&["--example", "dgx-h100", "--write", dir.to_str().unwrap()]);
+    assert_eq!(rc, Some(0), "{err}");
+    assert!(err.contains(&format!("RIVET_SYSFS_ROOT={}", dir.display())), "{err}");
+    assert_eq!(rivet_topo(&dir, &[], true), shown, "the written tree reads back the same");
+    // A directory that already holds something is not overwritten.
+    let (rc, _, err) = run(&["--example", "vm", "--write", dir.to_str().unwrap()]);
+    assert_eq!(rc, Some(1));
+    assert!(err.contains("is not empty"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,6 +12,22 @@ pub const NCCL_INTERNAL_ERROR: ncclResult_t = 3;
 pub const NCCL_INVALID_ARGUMENT: ncclResult_t = 4;
 pub const NCCL_INVALID_USAGE: ncclResult_t = 5;
 pub const NCCL_REMOTE_ERROR: ncclResult_t = 6;
+pub const NCCL_IN_PROGRESS: ncclResult_t = 7;
+
+/// NCCL's name for a result code (`ncclSystemError`), as its headers spell it.
+pub fn result_name(r: ncclResult_t) -> String {
+    match r {
+        NCCL_SUCCESS => "ncclSuccess".into(),
+        NCCL_UNHANDLED_CUDA_ERROR => "ncclUnhandledCudaError".into(),
+        NCCL_SYSTEM_ERROR => "ncclSystemError".into(),
+        NCCL_INTERNAL_ERROR => "ncclInternalError".into(),
+        NCCL_INVALID_ARGUMENT => "ncclInvalidArgument".into(),
+        NCCL_INVALID_USAGE => "ncclInvalidUsage".into(),
+        NCCL_REMOTE_ERROR => "ncclRemoteError".into(),
+        NCCL_IN_PROGRESS => "ncclInProgress".into(),
+        r => format!("ncclResult_t {r} (not a result NCCL defines)"),
+    }
+}
 
 pub const NCCL_PTR_HOST: c_int = 0x1;
 pub const NCCL_PTR_CUDA: c_int = 0x2;

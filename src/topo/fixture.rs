@@ -1,7 +1,8 @@
 //! Generator of sysfs fixture trees for the topology probe: directories, attribute files and
 //! relative symlinks shaped like the real `/sys`, in a fresh directory under the temp dir (removed
-//! on drop). Used by the unit tests (`src/topo/tests.rs`) and by `tests/topo.rs` (through
-//! `#[path]`), so it only uses std.
+//! on drop), or in a directory a user names (`rivet topo --example NAME --write DIR`, kept). Used
+//! by the unit tests (`src/topo/tests.rs`), by `tests/topo.rs` and by the CLI (through `#[path]`),
+//! so it only uses std.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -18,13 +19,27 @@ pub const CLASS_IB: u32 = 0x020700;
 
 pub struct Fixture {
     pub root: PathBuf,
+    /// Left in place on drop (a tree written for a user).
+    keep: bool,
 }
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
     }
 }
+
+/// Writes an example machine into a fixture tree.
+pub type Builder = fn(&Fixture);
+
+/// The example machines, by the name `rivet topo --example` takes: (name, builder, description).
+pub const EXAMPLES: &[(&str, Builder, &str)] = &[
+    ("dgx-h100", build_dgx_h100, "2 sockets, 8 GPUs, 8 ConnectX NICs, GPU i and NIC i under one PCIe switch"),
+    ("two-socket", build_two_socket, "a GPU on socket 0, a dual-port ConnectX and an Ethernet NIC on socket 1"),
+    ("vm", build_vm, "a VM: a passed-through GPU, Soft-RoCE rxe0, virtio and netfront NICs"),
+];
 
 fn write(p: &Path, s: &str) {
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -51,14 +66,24 @@ impl Fixture {
             N.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&root);
+        Self::make(root, false)
+    }
+
+    /// A tree at `root` (which must not hold anything yet), kept when dropped.
+    pub fn at(root: &Path) -> Fixture {
+        Self::make(root.to_path_buf(), true)
+    }
+
+    fn make(root: PathBuf, keep: bool) -> Fixture {
         std::fs::create_dir_all(root.join("bus/pci/devices")).unwrap();
         std::fs::create_dir_all(root.join("class/net")).unwrap();
-        Fixture { root }
+        Fixture { root, keep }
     }
 
     pub fn numa_nodes(&self, n: u32) {
         for i in 0..n {
-            std::fs::create_dir_all(self.root.join(format!("devices/system/node/node{i}"))).unwrap();
+            // 32 CPUs per node, as `cpulist` lists them.
+            write(&self.root.join(format!("devices/system/node/node{i}/cpulist")), &format!("{}-{}", 32 * i, 32 * i + 31));
         }
     }
 
@@ -139,6 +164,11 @@ fn switch_pair(f: &Fixture, parent: &str, bus: u32, numa: i32, idx: usize) -> (S
 /// An ASPEED VGA (not NVIDIA) sits on socket 0. mlx5_7's class link is absolute ("/sys/...").
 pub fn dgx_h100() -> Fixture {
     let f = Fixture::new("dgx");
+    build_dgx_h100(&f);
+    f
+}
+
+fn build_dgx_h100(f: &Fixture) {
     f.numa_nodes(2);
     for (s, (a, b)) in [(0x10u32, 0x30u32), (0x90, 0xb0)].into_iter().enumerate() {
         let numa = s as i32;
@@ -149,11 +179,11 @@ pub fn dgx_h100() -> Fixture {
         let d2 = format!("{upper}/{}", addr(a + 2, 1, 0));
         f.pci(&d1, 0x1000, CLASS_BRIDGE, numa);
         f.pci(&d2, 0x1000, CLASS_BRIDGE, numa);
-        switch_pair(&f, &d1, a + 3, numa, 4 * s);
-        switch_pair(&f, &d2, a + 7, numa, 4 * s + 1);
-        switch_pair(&f, &format!("{rca}/{}", addr(a, 3, 0)), a + 11, numa, 4 * s + 2);
+        switch_pair(f, &d1, a + 3, numa, 4 * s);
+        switch_pair(f, &d2, a + 7, numa, 4 * s + 1);
+        switch_pair(f, &format!("{rca}/{}", addr(a, 3, 0)), a + 11, numa, 4 * s + 2);
         let rpb = format!("pci0000:{b:02x}/{}", addr(b, 1, 0));
-        let (_, nic3) = switch_pair(&f, &rpb, b + 1, numa, 4 * s + 3);
+        let (_, nic3) = switch_pair(f, &rpb, b + 1, numa, 4 * s + 3);
         f.pci(&format!("pci0000:{b:02x}/{}/{}", addr(b, 2, 0), addr(b + 8, 0, 0)), NVIDIA, CLASS_OTHER_BRIDGE, numa);
         if s == 1 {
             link(&f.root.join("class/infiniband/mlx5_7"), &format!("/sys/devices/{nic3}/infiniband/mlx5_7"));
@@ -162,7 +192,6 @@ pub fn dgx_h100() -> Fixture {
     f.pci(&format!("pci0000:00/{}/{}", addr(0, 0x1c, 0), addr(2, 0, 0)), 0x1a03, CLASS_VGA, 0);
     f.net("lo", None, None);
     f.net("docker0", None, None);
-    f
 }
 
 /// Two sockets: GPU 0000:01:00.0 on socket 0 (pci0000:00, directly below root port 00:02.0);
@@ -171,6 +200,11 @@ pub fn dgx_h100() -> Fixture {
 /// GPU–mlx5_0 SYS, GPU–eth2 SYS (unknown NUMA on a 2-node machine), mlx5_0–mlx5_1 PIX.
 pub fn two_socket() -> Fixture {
     let f = Fixture::new("2s");
+    build_two_socket(&f);
+    f
+}
+
+fn build_two_socket(f: &Fixture) {
     f.numa_nodes(2);
     f.pci(&format!("pci0000:00/{}/{}", addr(0, 2, 0), addr(1, 0, 0)), NVIDIA, CLASS_VGA, 0);
     let rp = format!("pci0000:80/{}", addr(0x80, 2, 0));
@@ -184,7 +218,6 @@ pub fn two_socket() -> Fixture {
     f.pci(&eth, 0x8086, CLASS_ETH, -1);
     f.net("eth2", Some(&eth), None);
     f.net("lo", None, None);
-    f
 }
 
 /// A VM: one NUMA node, a passed-through GPU at 0000:00:05.0 (numa_node -1), Soft-RoCE rxe0 (no
@@ -193,6 +226,11 @@ pub fn two_socket() -> Fixture {
 /// veth0/lo (not NICs, not listed).
 pub fn vm() -> Fixture {
     let f = Fixture::new("vm");
+    build_vm(&f);
+    f
+}
+
+fn build_vm(f: &Fixture) {
     f.numa_nodes(1);
     f.pci(&format!("pci0000:00/{}", addr(0, 5, 0)), NVIDIA, CLASS_3D, -1);
     let virtio = format!("pci0000:00/{}", addr(0, 3, 0));
@@ -204,5 +242,4 @@ pub fn vm() -> Fixture {
     f.rdma("rxe0", None);
     f.net("veth0", None, None);
     f.net("lo", None, None);
-    f
 }

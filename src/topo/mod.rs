@@ -383,42 +383,36 @@ fn natural_key(s: &str) -> (String, u64, String) {
     (head.to_string(), tail.parse().unwrap_or(0), s.to_string())
 }
 
-/// Escape a string for a JSON string literal.
-pub fn json_str(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for ch in s.chars() {
-        match ch {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
-
-/// The `rivet topo --json` document: one object per GPU–NIC pair.
+/// The `rivet topo --json` document: the GPUs, the NICs (each list present even when the other
+/// is empty), and one object per GPU–NIC pair with its path class.
 pub fn to_json(t: &Topology) -> String {
-    let numa = |n: Option<u32>| n.map(|n| n.to_string()).unwrap_or_else(|| "null".into());
-    let mut rows = Vec::new();
+    use serde_json::json;
+    let pci = |p: Option<&PciDev>| p.map(|p| json!(p.addr));
+    let gpus: Vec<_> = t.gpus.iter().map(|g| json!({"bus_id": g.addr, "numa": g.numa})).collect();
+    let nics: Vec<_> = t
+        .nics
+        .iter()
+        .map(|n| {
+            let kind = match n.kind {
+                NicKind::Rdma => "rdma",
+                NicKind::Net => "netdev",
+            };
+            json!({"name": n.name, "kind": kind, "pci": pci(n.pci.as_ref()), "numa": n.numa()})
+        })
+        .collect();
+    let mut pairs = Vec::new();
     for g in &t.gpus {
         for n in &t.nics {
-            rows.push(format!(
-                "{{\"gpu\": {}, \"nic\": {}, \"nic_pci\": {}, \"path\": {}, \"gpu_numa\": {}, \"nic_numa\": {}}}",
-                json_str(&g.addr),
-                json_str(&n.name),
-                n.pci.as_ref().map(|p| json_str(&p.addr)).unwrap_or_else(|| "null".into()),
-                json_str(t.path(&g.addr, &n.name).as_str()),
-                numa(g.numa),
-                numa(n.numa())
-            ));
+            pairs.push(json!({
+                "gpu": g.addr,
+                "nic": n.name,
+                "nic_pci": pci(n.pci.as_ref()),
+                "path": t.path(&g.addr, &n.name).as_str(),
+                "gpu_numa": g.numa,
+                "nic_numa": n.numa(),
+            }));
         }
     }
-    if rows.is_empty() {
-        "[]".to_string()
-    } else {
-        format!("[\n  {}\n]", rows.join(",\n  "))
-    }
+    let doc = json!({"sysfs_root": t.root.display().to_string(), "numa_nodes": t.numa_nodes, "gpus": gpus, "nics": nics, "pairs": pairs});
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
 }

@@ -1,39 +1,66 @@
 //! `rivet allreduce -n N`: a ring allreduce (reduce-scatter then all-gather, float sum) of N local
-//! processes over the plugin, printed with nccl-tests' columns, with a correctness check whose
-//! error count is itself summed over the ring.
+//! processes over the plugin, out of place and in place, printed in nccl-tests' all_reduce_perf
+//! layout (header, `# Using devices`, the two column groups, `# Out of bounds values`, `# Avg bus
+//! bandwidth`) so that scripts written for nccl-tests parse it unchanged. Each size is checked
+//! after it is timed, as nccl-tests does, and the error counts are summed over the ring.
 
 use crate::net::Res;
 use crate::peer::Ring;
-use crate::{parse_size, Args};
+use crate::{parse_size, Common};
+use clap::Args;
 use std::ffi::c_void;
 use std::time::Instant;
 
+#[derive(Args)]
 pub struct Opts {
-    min: usize,
-    max: usize,
-    factor: usize,
-    iters: usize,
-    warmup: usize,
+    /// Number of local processes (ranks) in the ring
+    #[arg(short = 'n', long = "nprocs", value_name = "NPROCS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=64), allow_negative_numbers = true)]
+    pub nprocs: u16,
+    /// Smallest size in bytes (4096, 64K, 16M, 1G)
+    #[arg(short = 'b', long = "minbytes", value_name = "SIZE", default_value = "8", value_parser = parse_size)]
+    pub min: usize,
+    /// Largest size in bytes
+    #[arg(short = 'e', long = "maxbytes", value_name = "SIZE", default_value = "32M", value_parser = parse_size)]
+    pub max: usize,
+    /// Multiply the size by this factor between steps
+    #[arg(short = 'f', long = "stepfactor", value_name = "FACTOR", default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=1024), allow_negative_numbers = true)]
+    pub factor: u32,
+    /// Timed iterations per size
+    #[arg(long = "iters", value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1_000_000), allow_negative_numbers = true)]
+    pub iters: u32,
+    /// Untimed iterations before the timed ones
+    #[arg(short = 'w', long = "warmup_iters", visible_alias = "warmup", value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=1_000_000), allow_negative_numbers = true)]
+    pub warmup: u32,
+    /// Check the results of every size (0: off)
+    #[arg(short = 'c', long = "check", value_name = "0|1", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1), allow_negative_numbers = true)]
+    pub check: u8,
+    #[command(flatten)]
+    pub common: Common,
 }
 
-pub fn check_args(a: &mut Args) -> Res<Opts> {
-    let min = parse_size(&a.opt(&["-b", "--minbytes"]).unwrap_or_else(|| "8".into()))?;
-    let max = parse_size(&a.opt(&["-e", "--maxbytes"]).unwrap_or_else(|| "32M".into()))?;
-    let factor: usize = a.opt(&["-f", "--stepfactor"]).unwrap_or_else(|| "4".into()).parse().map_err(|_| "bad -f")?;
-    let iters: usize = a.opt(&["--iters"]).unwrap_or_else(|| "20".into()).parse().map_err(|_| "bad --iters")?;
-    let warmup: usize = a.opt(&["--warmup"]).unwrap_or_else(|| "5".into()).parse().map_err(|_| "bad --warmup")?;
-    if min < 4 || max < min || factor < 2 || iters == 0 {
-        return Err("need 4 <= -b <= -e, -f >= 2, --iters >= 1".into());
+impl Opts {
+    /// What clap cannot check alone, checked before any process starts.
+    pub fn check(&self) -> Res<()> {
+        if self.min < 4 {
+            return Err(format!("-b/--minbytes {} is below one float (4 bytes)", self.min));
+        }
+        if self.max < self.min {
+            return Err(format!("-e/--maxbytes {} is below -b/--minbytes {}", self.max, self.min));
+        }
+        if self.max > 1 << 31 {
+            return Err(format!("-e/--maxbytes {} is above 2G, the most a local run allocates", self.max));
+        }
+        Ok(())
     }
-    if let Some(x) = a.rest.first() {
-        return Err(format!("unexpected argument '{x}'"));
-    }
-    Ok(Opts { min, max, factor, iters, warmup })
 }
 
 struct Bufs {
+    /// The receive buffer (the in-place buffer too).
     data: Vec<f32>,
+    /// The out-of-place send buffer.
+    src: Vec<f32>,
     tmp: Vec<f32>,
+    mh_src_s: *mut c_void,
     mh_data_s: *mut c_void,
     mh_data_r: *mut c_void,
     mh_tmp: *mut c_void,
@@ -43,19 +70,25 @@ fn seg(count: usize, n: usize, i: usize) -> (usize, usize) {
     (i * count / n, (i + 1) * count / n)
 }
 
-/// In-place ring allreduce of `b.data[..count]`.
-fn allreduce(r: &Ring, b: &mut Bufs, count: usize) -> Res<()> {
+/// Ring allreduce of `count` floats into `b.data`, from `b.src` (out of place) or from `b.data`
+/// itself (in place). In the reduce-scatter each rank receives segment k once, adds its own
+/// contribution (src[k]) and passes the sum on; the all-gather then circulates the sums.
+fn allreduce(r: &Ring, b: &mut Bufs, count: usize, in_place: bool) -> Res<()> {
     let (n, rank, net) = (r.nranks, r.rank, &r.net);
     let dp = b.data.as_mut_ptr();
+    let (sp, mh_src) = if in_place { (dp as *const f32, b.mh_data_s) } else { (b.src.as_ptr(), b.mh_src_s) };
     let tp = b.tmp.as_mut_ptr();
     for s in 0..n - 1 {
         let (slo, shi) = seg(count, n, (rank + n - s) % n);
         let (rlo, rhi) = seg(count, n, (rank + 2 * n - s - 1) % n);
         let rr = net.irecv(r.recv, tp as *mut u8, (rhi - rlo) * 4, s as i32, b.mh_tmp)?;
-        let sr = net.isend(r.send, unsafe { dp.add(slo) } as *const u8, (shi - slo) * 4, s as i32, b.mh_data_s)?;
+        // Step 0 sends this rank's own contribution; later steps the sums made at the step before.
+        let (from, mh) = if s == 0 { (sp, mh_src) } else { (dp as *const f32, b.mh_data_s) };
+        let sr = net.isend(r.send, unsafe { from.add(slo) } as *const u8, (shi - slo) * 4, s as i32, mh)?;
         r.wait_all(&[sr, rr])?;
-        for (d, t) in b.data[rlo..rhi].iter_mut().zip(&b.tmp[..rhi - rlo]) {
-            *d += *t;
+        for i in 0..rhi - rlo {
+            // SAFETY: rlo + i < count <= both buffers' lengths; sp and dp may alias (in place).
+            unsafe { *dp.add(rlo + i) = *sp.add(rlo + i) + b.tmp[i] };
         }
     }
     for s in 0..n - 1 {
@@ -77,67 +110,148 @@ fn expected(n: usize, i: usize) -> f32 {
     ((n * (n + 1) / 2) * (1 + i % 251)) as f32
 }
 
-pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: &mut Args) -> Res<u64> {
-    let o = check_args(a)?;
-    let r = Ring::join(lib, rank, nranks, devs)?;
+/// The sum over the ring of one count per rank (with the same allreduce, on `nranks` floats).
+fn ring_sum(r: &Ring, b: &mut Bufs, local: u64) -> Res<u64> {
+    b.data[..r.nranks].iter_mut().for_each(|d| *d = 0.0);
+    b.data[0] = local as f32;
+    allreduce(r, b, r.nranks, true)?;
+    Ok(b.data[0] as u64)
+}
+
+/// nccl-tests' time column: 2 decimals below 100 us, 1 below 10 ms, none above.
+fn time_str(us: f64) -> String {
+    if us >= 10000.0 {
+        format!("{us:7.0}")
+    } else if us >= 100.0 {
+        format!("{us:7.1}")
+    } else {
+        format!("{us:7.2}")
+    }
+}
+
+/// C's `%g`: 6 significant digits, trailing zeros dropped, an exponent outside 1e-5..1e6.
+pub fn fmt_g(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let exp = v.abs().log10().floor() as i32;
+    if !(-5..6).contains(&exp) {
+        let s = format!("{:.5e}", v);
+        let (m, e) = s.split_once('e').unwrap();
+        let m = m.trim_end_matches('0').trim_end_matches('.');
+        let e: i32 = e.parse().unwrap();
+        return format!("{m}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs());
+    }
+    let s = format!("{:.*}", (5 - exp).max(0) as usize, v);
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<u64> {
+    let devs: Vec<i32> = o.common.dev.iter().map(|&d| d as i32).collect();
+    if rank == 0 {
+        println!(
+            "OUT # nThread 1 nGpus 1 minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} agg iters: 1 validation: {} graph: 0",
+            o.min, o.max, o.factor, o.warmup, o.iters, o.check
+        );
+        println!("OUT #");
+        println!("OUT # Using devices");
+    }
+    let r = Ring::join(lib, rank, nranks, &devs, true)?;
     let maxcount = o.max / 4;
     let mut b = Bufs {
         data: vec![0f32; maxcount.max(nranks)],
+        src: vec![0f32; maxcount.max(1)],
         tmp: vec![0f32; maxcount / nranks + 1],
+        mh_src_s: std::ptr::null_mut(),
         mh_data_s: std::ptr::null_mut(),
         mh_data_r: std::ptr::null_mut(),
         mh_tmp: std::ptr::null_mut(),
     };
     let bytes = |v: &mut Vec<f32>| unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 4) };
+    b.mh_src_s = r.net.reg(r.send, bytes(&mut b.src))?;
     b.mh_data_s = r.net.reg(r.send, bytes(&mut b.data))?;
     b.mh_data_r = r.net.reg(r.recv, bytes(&mut b.data))?;
     b.mh_tmp = r.net.reg(r.recv, bytes(&mut b.tmp))?;
 
-    r.out(&format!("# rivet allreduce: {nranks} processes in a ring over {}", r.net.path.display()));
-    r.out("#");
+    r.out(&format!("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ", "", "", "", "", ""));
     r.out(&format!(
-        "# {:>10} {:>12} {:>8} {:>6} {:>6} {:>10} {:>8} {:>8} {:>7}",
-        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}",
+        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
     ));
     r.out(&format!(
-        "# {:>10} {:>12} {:>8} {:>6} {:>6} {:>10} {:>8} {:>8} {:>7}",
-        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>5}  {:>7}  {:>6}  {:>6}  {:>5}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
     ));
-    let mut total_wrong = 0u64;
+    let (mut failed_tests, mut local_wrong_total) = (0u64, 0u64);
+    let (mut bw_sum, mut bw_count) = (0f64, 0u32);
     let mut size = o.min;
     while size <= o.max {
         let count = size / 4;
-        // Correctness pass.
-        for (i, d) in b.data[..count].iter_mut().enumerate() {
-            *d = input(rank, i);
+        let mut row = format!("{:>12}  {count:>12}  {:>8}  {:>6}  {:>6}", count * 4, "float", "sum", -1);
+        for in_place in [false, true] {
+            for _ in 0..o.warmup {
+                allreduce(&r, &mut b, count, in_place)?;
+            }
+            let t0 = Instant::now();
+            for _ in 0..o.iters {
+                allreduce(&r, &mut b, count, in_place)?;
+            }
+            let us = t0.elapsed().as_secs_f64() * 1e6 / o.iters as f64;
+            // nccl-tests reports the time averaged over the ranks.
+            let us = ring_sum(&r, &mut b, (us * 1000.0) as u64)? as f64 / 1000.0 / nranks as f64;
+            let algbw = (count * 4) as f64 / 1e9 / (us / 1e6);
+            let busbw = algbw * 2.0 * (nranks - 1) as f64 / nranks as f64;
+            let wrong = if o.check == 1 {
+                // Inputs in the send buffer (the receive buffer itself in place); out of place, the
+                // receive buffer starts as a value no sum produces, so a missed write shows.
+                let target = if in_place { &mut b.data } else { &mut b.src };
+                for (i, d) in target[..count].iter_mut().enumerate() {
+                    *d = input(rank, i);
+                }
+                if !in_place {
+                    b.data[..count].iter_mut().for_each(|d| *d = -1.0);
+                }
+                allreduce(&r, &mut b, count, in_place)?;
+                let local = b.data[..count].iter().enumerate().filter(|(i, d)| **d != expected(nranks, *i)).count() as u64;
+                local_wrong_total += local;
+                ring_sum(&r, &mut b, local)?.to_string()
+            } else {
+                "N/A".to_string()
+            };
+            if wrong != "0" && wrong != "N/A" {
+                failed_tests += 1;
+            }
+            row += &format!("  {}  {algbw:>6.2}  {busbw:>6.2}  {wrong:>5}", time_str(us));
+            bw_sum += busbw;
+            bw_count += 1;
         }
-        allreduce(&r, &mut b, count)?;
-        let wrong_local = b.data[..count].iter().enumerate().filter(|(i, d)| **d != expected(nranks, *i)).count();
-        // Sum the error counts over the ring with the same allreduce (count = nranks elements).
-        b.data[..nranks].iter_mut().for_each(|d| *d = 0.0);
-        b.data[0] = wrong_local as f32;
-        allreduce(&r, &mut b, nranks)?;
-        let wrong = b.data[0] as u64;
-        total_wrong += wrong_local as u64;
-        // Timed passes.
-        for _ in 0..o.warmup {
-            allreduce(&r, &mut b, count)?;
+        r.out(&row);
+        match size.checked_mul(o.factor as usize) {
+            Some(s) => size = s,
+            None => break,
         }
-        let t0 = Instant::now();
-        for _ in 0..o.iters {
-            allreduce(&r, &mut b, count)?;
-        }
-        let us = t0.elapsed().as_secs_f64() * 1e6 / o.iters as f64;
-        let algbw = size as f64 / us / 1e3;
-        let busbw = algbw * 2.0 * (nranks - 1) as f64 / nranks as f64;
-        r.out(&format!(
-            "  {size:>10} {count:>12} {:>8} {:>6} {:>6} {us:>10.1} {algbw:>8.3} {busbw:>8.3} {wrong:>7}",
-            "float", "sum", "-1"
-        ));
-        size *= o.factor;
     }
+    r.out(&format!("# Out of bounds values : {failed_tests} {}", if failed_tests == 0 { "OK" } else { "FAILED" }));
+    r.out(&format!("# Avg bus bandwidth    : {} ", fmt_g(bw_sum / bw_count.max(1) as f64)));
+    r.out("#");
+    r.out("");
+    r.net.dereg(r.send, b.mh_src_s)?;
     r.net.dereg(r.send, b.mh_data_s)?;
     r.net.dereg(r.recv, b.mh_data_r)?;
     r.net.dereg(r.recv, b.mh_tmp)?;
-    Ok(total_wrong)
+    Ok(local_wrong_total)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn c_percent_g() {
+        for (v, s) in [(12.3456789, "12.3457"), (0.5, "0.5"), (100.0, "100"), (0.000123, "0.000123"), (1234567.0, "1.23457e+06"), (0.0000012, "1.2e-06"), (0.0, "0")] {
+            assert_eq!(super::fmt_g(v), s, "{v}");
+        }
+    }
 }

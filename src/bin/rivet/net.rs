@@ -16,32 +16,49 @@ pub struct Net {
     pub timeout: Duration,
 }
 
-/// `--lib`, `$RIVET_LIB`, or the library built next to this executable.
-pub fn find_library(arg: Option<&str>) -> Res<PathBuf> {
-    if let Some(p) = arg.map(String::from).or_else(|| std::env::var("RIVET_LIB").ok()) {
-        return Ok(PathBuf::from(p));
+/// `--lib`, `$RIVET_LIB`, or the library built next to this executable: `make`'s and an
+/// install's `libnccl-net-rivet.so` (beside it or in `../lib`), or cargo's own
+/// `libnccl_net_rivet.so` (beside it, or in `deps/`, where `cargo run --bin rivet` leaves it).
+pub fn find_library(arg: Option<&Path>) -> Res<PathBuf> {
+    if let Some(p) = arg.map(Path::to_path_buf).or_else(|| std::env::var_os("RIVET_LIB").filter(|v| !v.is_empty()).map(PathBuf::from)) {
+        if !p.exists() && p.components().count() > 1 {
+            return Err(format!("the plugin library {} does not exist (--lib / RIVET_LIB)", p.display()));
+        }
+        return Ok(p);
     }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let dir = exe.parent().unwrap_or(Path::new("."));
-    for name in ["libnccl-net-rivet.so", "libnccl_net_rivet.so"] {
-        for d in [dir.to_path_buf(), dir.join("../lib")] {
-            let p = d.join(name);
-            if p.exists() {
-                return Ok(p);
-            }
-        }
+    let candidates = [
+        dir.join("libnccl-net-rivet.so"),
+        dir.join("../lib/libnccl-net-rivet.so"),
+        dir.join("libnccl_net_rivet.so"),
+        dir.join("deps/libnccl_net_rivet.so"),
+    ];
+    if let Some(p) = candidates.iter().find(|p| p.exists()) {
+        return Ok(p.clone());
     }
     Err(format!(
-        "cannot find libnccl-net-rivet.so next to {} (build it with `cargo build --release`, or pass --lib PATH / set RIVET_LIB)",
-        exe.display()
+        "cannot find the plugin next to {}: looked for {} (build it with `make` or `cargo build --release`, or pass --lib PATH / set RIVET_LIB)",
+        exe.display(),
+        candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     ))
+}
+
+/// A C string from the plugin, or "(none)".
+pub fn cstr(c: *const std::ffi::c_char) -> String {
+    if c.is_null() {
+        "(none)".to_string()
+    } else {
+        // SAFETY: the plugin returns NUL-terminated strings that live as long as the library.
+        unsafe { std::ffi::CStr::from_ptr(c) }.to_string_lossy().into_owned()
+    }
 }
 
 fn check(what: &str, r: ncclResult_t) -> Res<()> {
     if r == NCCL_SUCCESS {
         Ok(())
     } else {
-        Err(format!("{what} failed with ncclResult_t {r} (see the WARN line above)"))
+        Err(format!("{what} failed: {} (the plugin's WARN line above says why)", result_name(r)))
     }
 }
 

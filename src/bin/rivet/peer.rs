@@ -8,8 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Run `mode` on `n` local peers; returns the total #wrong reported by the peers.
-pub fn launch(n: usize, mode: &str, args: &[String], timeout: Duration) -> Res<u64> {
+/// Run `n` local peers of this executable, each given the launcher's own subcommand line `argv`
+/// and the library `lib` it resolved; returns the total #wrong reported by the peers.
+pub fn launch(n: usize, lib: &std::path::Path, argv: &[String], timeout: Duration) -> Res<u64> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
     let mut kids: Vec<Child> = Vec::new();
@@ -21,7 +22,7 @@ pub fn launch(n: usize, mode: &str, args: &[String], timeout: Duration) -> Res<u
     };
     for r in 0..n {
         let mut c = Command::new(&exe);
-        c.arg("__peer").arg(mode).arg(r.to_string()).arg(n.to_string()).args(args);
+        c.arg("__peer").arg(r.to_string()).arg(n.to_string()).arg(lib).arg("--").args(argv);
         c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = c.spawn().map_err(|e| format!("spawn {}: {e}", exe.display()))?;
         let out = child.stdout.take().unwrap();
@@ -43,6 +44,7 @@ pub fn launch(n: usize, mode: &str, args: &[String], timeout: Duration) -> Res<u
     }
     let deadline = Instant::now() + timeout;
     let mut handles: Vec<Option<String>> = vec![None; n];
+    let mut ranks: Vec<Option<String>> = vec![None; n];
     let mut sent_peers = false;
     let mut finished = 0;
     let mut wrong = 0u64;
@@ -62,12 +64,17 @@ pub fn launch(n: usize, mode: &str, args: &[String], timeout: Duration) -> Res<u
                     handles[r] = Some(h.to_string());
                     if !sent_peers && handles.iter().all(|h| h.is_some()) {
                         sent_peers = true;
+                        for d in ranks.iter().flatten() {
+                            println!("{d}");
+                        }
                         for (i, k) in kids.iter_mut().enumerate() {
                             let next = handles[(i + 1) % n].as_ref().unwrap();
                             let stdin = k.stdin.as_mut().unwrap();
                             writeln!(stdin, "PEER {next}").map_err(|e| e.to_string())?;
                         }
                     }
+                } else if let Some(d) = line.strip_prefix("RANK ") {
+                    ranks[r] = Some(d.to_string());
                 } else if let Some(o) = line.strip_prefix("OUT ") {
                     println!("{o}");
                 } else if let Some(w) = line.strip_prefix("DONE wrong=") {
@@ -116,8 +123,10 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// Join as `rank`, using device `devs[rank % devs.len()]`.
-    pub fn join(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32]) -> Res<Ring> {
+    /// Join as `rank`, using device `devs[rank % devs.len()]`. With `describe`, the rank first
+    /// sends the launcher its line for nccl-tests' `# Using devices` list, which the launcher
+    /// prints in rank order once every rank has joined.
+    pub fn join(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], describe: bool) -> Res<Ring> {
         let net = Net::load(lib)?;
         let ndev = net.ndev()?;
         let dev = devs.get(rank % devs.len().max(1)).copied().unwrap_or(0);
@@ -129,6 +138,24 @@ impl Ring {
             Ok(nccl_net_rivet::proto::TRANSPORT_VERBS) => "RDMA verbs",
             _ => "TCP",
         };
+        if describe {
+            let p = net.props(dev)?;
+            let pci = crate::net::cstr(p.pciPath);
+            // nccl-tests prints the GPU's PCI bus number; here it is the NIC's, from its PCI path.
+            let bus = pci
+                .rsplit('/')
+                .next()
+                .and_then(|a| a.split(':').nth(1))
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .map_or("[----]".to_string(), |b| format!("[0x{b:02x}]"));
+            println!(
+                "RANK #  Rank {rank:2} Group {:2} Pid {:6} on {:>10} device {dev:2} {bus} {} ({transport})",
+                0,
+                std::process::id(),
+                hostname(),
+                crate::net::cstr(p.name)
+            );
+        }
         println!("HANDLE {}", hex(&h));
         std::io::stdout().flush().map_err(|e| e.to_string())?;
         let mut line = String::new();
@@ -174,4 +201,15 @@ impl Drop for Ring {
     fn drop(&mut self) {
         self.net.close(self.send, self.recv, self.listen);
     }
+}
+
+/// This host's name, as nccl-tests prints it.
+fn hostname() -> String {
+    let mut b = [0u8; 256];
+    // SAFETY: gethostname writes at most b.len() bytes into b.
+    if unsafe { libc::gethostname(b.as_mut_ptr() as *mut std::ffi::c_char, b.len()) } != 0 {
+        return "?".into();
+    }
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
 }

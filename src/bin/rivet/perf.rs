@@ -3,47 +3,48 @@
 
 use crate::net::Res;
 use crate::peer::Ring;
-use crate::{parse_size, Args};
+use crate::{parse_size, Common};
+use clap::Args;
 use std::time::Instant;
 
+#[derive(Args)]
 pub struct Opts {
-    sizes: Vec<usize>,
-    window: usize,
-    bytes: usize,
-    lat_iters: usize,
-    /// Buffers in GPU memory (CUDA device 0), registered as NCCL_PTR_CUDA.
-    cuda: bool,
+    /// Message sizes of the bandwidth test
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "64K,256K,1M,4M,16M,64M,256M", value_parser = parse_size)]
+    pub sizes: Vec<usize>,
+    /// Messages in flight in the bandwidth test
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=32), allow_negative_numbers = true)]
+    pub window: u16,
+    /// Bytes to move per size (at least 8 messages, at most 100000)
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
+    pub bytes: usize,
+    /// Round trips of the 8-byte latency test (0: no latency test)
+    #[arg(long = "lat-iters", value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(0..=10_000_000), allow_negative_numbers = true)]
+    pub lat_iters: u32,
+    /// Buffers in GPU memory (CUDA device 0), registered as NCCL_PTR_CUDA
+    #[arg(long)]
+    pub cuda: bool,
+    #[command(flatten)]
+    pub common: Common,
 }
 
-pub fn check_args(a: &mut Args) -> Res<Opts> {
-    let sizes = a
-        .opt(&["--sizes"])
-        .unwrap_or_else(|| "64K,256K,1M,4M,16M,64M,256M".into())
-        .split(',')
-        .map(parse_size)
-        .collect::<Res<Vec<_>>>()?;
-    let window: usize = a.opt(&["--window"]).unwrap_or_else(|| "8".into()).parse().map_err(|_| "bad --window")?;
-    if !(1..=32).contains(&window) {
-        return Err("--window must be 1..32".into());
-    }
-    let bytes = parse_size(&a.opt(&["--bytes"]).unwrap_or_else(|| "1G".into()))?;
-    let lat_iters = a.opt(&["--lat-iters"]).unwrap_or_else(|| "2000".into()).parse().map_err(|_| "bad --lat-iters")?;
-    let cuda = match a.rest.iter().position(|x| x == "--cuda") {
-        Some(i) => {
-            a.rest.remove(i);
-            true
+impl Opts {
+    /// What clap cannot check alone, checked before any process starts.
+    pub fn check(&self) -> Res<()> {
+        if self.sizes.contains(&0) {
+            return Err("--sizes: a size of 0 bytes moves nothing (examples: 64K,1M,16M)".into());
         }
-        None => false,
-    };
-    if let Some(x) = a.rest.first() {
-        return Err(format!("unexpected argument '{x}'"));
+        if self.sizes.iter().any(|&s| s > 1 << 31) {
+            return Err("--sizes: the largest size a local run allocates is 2G".into());
+        }
+        Ok(())
     }
-    Ok(Opts { sizes, window, bytes, lat_iters, cuda })
 }
 
-pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: &mut Args) -> Res<u64> {
-    let o = check_args(a)?;
-    let r = Ring::join(lib, rank, nranks, devs)?;
+pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<u64> {
+    let devs: Vec<i32> = o.common.dev.iter().map(|&d| d as i32).collect();
+    let (window, lat_iters) = (o.window as usize, o.lat_iters as usize);
+    let r = Ring::join(lib, rank, nranks, &devs, false)?;
     let net = &r.net;
     let max = o.sizes.iter().copied().max().unwrap_or(8).max(8);
     // Real pages with data (a zero-filled allocation would be lazily mapped to the zero page).
@@ -80,7 +81,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: 
         r.dev,
         p.speed,
         r.transport,
-        o.window,
+        window,
         if o.cuda { "GPU (CUDA device 0)" } else { "host" }
     ));
 
@@ -88,15 +89,15 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: 
     // ahead (as NCCL does), so a clear-to-send is never on the critical path. Rank 0 times every
     // round trip with the cycle counter (as perftest does: reading the clock can be a system call
     // in a VM) and reports the median ("typical") and the mean, halved.
-    let warm = 100.min(o.lat_iters);
-    let mut rtts: Vec<u64> = Vec::with_capacity(o.lat_iters);
+    let warm = if lat_iters == 0 { 0 } else { 100 };
+    let mut rtts: Vec<u64> = Vec::with_capacity(lat_iters);
     let (mut t0, mut c0) = (Instant::now(), cycles());
-    let mut rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
-    for i in 0..warm + o.lat_iters {
+    let mut rr = if lat_iters == 0 { std::ptr::null_mut() } else { net.irecv(r.recv, sp, 8, 0, mh_small_r)? };
+    for i in 0..warm + lat_iters {
         if i == warm {
             (t0, c0) = (Instant::now(), cycles());
         }
-        let last = i + 1 == warm + o.lat_iters;
+        let last = i + 1 == warm + lat_iters;
         if rank == 0 {
             let start = cycles();
             let sr = net.isend(r.send, sp, 8, 0, mh_small_s)?;
@@ -131,9 +132,9 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], a: 
     for &size in &o.sizes {
         let iters = (o.bytes / size.max(1)).clamp(8, 100_000);
         let t0 = Instant::now();
-        let mut inflight = std::collections::VecDeque::with_capacity(o.window);
+        let mut inflight = std::collections::VecDeque::with_capacity(window);
         for _ in 0..iters {
-            if inflight.len() == o.window {
+            if inflight.len() == window {
                 let q: *mut std::ffi::c_void = inflight.pop_front().unwrap();
                 r.wait_all(&[q])?;
             }

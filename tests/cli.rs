@@ -1,0 +1,193 @@
+//! The `rivet` CLI's conventions: help and version on stdout with exit 0, every value checked and
+//! every unknown flag or missing value an error that names the flag (exit 2), a closed pipe ends
+//! it quietly, plugin errors named as NCCL names them, and `rivet allreduce` in nccl-tests'
+//! all_reduce_perf layout.
+
+use std::process::{Command, Output};
+
+fn rivet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rivet")).args(args).env("NCCL_SOCKET_IFNAME", "lo").env_remove("NCCL_DEBUG").output().unwrap()
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+const SUBCOMMANDS: &[&str] = &["allreduce", "perf", "info", "config", "topo", "doctor"];
+
+#[test]
+fn help_goes_to_stdout_and_exits_0() {
+    for args in [&["--help"][..], &["-h"], &["help"]] {
+        let o = rivet(args);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+        for s in SUBCOMMANDS {
+            assert!(out.contains(s), "{args:?} lists {s}: {out}");
+        }
+        assert!(err.is_empty(), "{err}");
+    }
+    for s in SUBCOMMANDS {
+        for args in [vec![*s, "--help"], vec!["help", s]] {
+            let o = rivet(&args);
+            let (out, err) = text(&o);
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+            assert!(out.contains(&format!("Usage: rivet {s}")), "{args:?}: {out}");
+        }
+    }
+    // `doctor --help` is help, not a doctor run.
+    let (out, _) = text(&rivet(&["doctor", "--help"]));
+    assert!(!out.contains("== overall"), "{out}");
+}
+
+/// `--version` names the version, the git revision and the ncclNet tables, and the built library
+/// really exports those tables (and no others).
+#[test]
+fn version_names_the_exported_tables() {
+    let o = rivet(&["--version"]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(out.starts_with(&format!("rivet {} (git ", env!("CARGO_PKG_VERSION"))), "{out}");
+    let listed: Vec<u32> = out
+        .lines()
+        .find(|l| l.starts_with("ncclNet ABI versions exported:"))
+        .unwrap_or_else(|| panic!("{out}"))
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix('v')?.parse().ok())
+        .collect();
+    let lib = std::path::Path::new(env!("CARGO_BIN_EXE_rivet")).with_file_name("libnccl_net_rivet.so");
+    let nm = Command::new("nm").args(["-D", "--defined-only"]).arg(&lib).output().expect("nm (binutils)");
+    let syms = String::from_utf8_lossy(&nm.stdout);
+    let exported: Vec<u32> = syms
+        .lines()
+        .filter_map(|l| l.split_whitespace().last()?.strip_prefix("ncclNetPlugin_v")?.parse().ok())
+        .collect::<std::collections::BTreeSet<u32>>()
+        .into_iter()
+        .collect();
+    assert!(!exported.is_empty(), "{syms}");
+    assert_eq!(listed, exported, "--version against nm -D of {}", lib.display());
+}
+
+/// Each case: the arguments, and what the error must say.
+#[test]
+fn bad_input_is_an_error_that_names_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["allreduce", "-n", "four"], "'four' for '--nprocs <NPROCS>'"),
+        (&["allreduce", "-n", "1"], "--nprocs <NPROCS>"),
+        (&["allreduce", "-n"], "a value is required for '--nprocs <NPROCS>'"),
+        (&["allreduce", "-b", "12Q"], "'12Q' is not a size"),
+        (&["allreduce", "-f", "1"], "--stepfactor"),
+        (&["allreduce", "--iters", "0"], "--iters"),
+        (&["allreduce", "--bogus"], "unexpected argument '--bogus'"),
+        (&["perf", "--window", "0"], "--window"),
+        (&["perf", "--window", "99"], "--window"),
+        (&["perf", "--sizes", "1M,x"], "'x' is not a size"),
+        (&["perf", "--lat-iters"], "a value is required for '--lat-iters <N>'"),
+        (&["perf", "--lat-iters", "-3"], "--lat-iters"),
+        (&["perf", "--dev", "a"], "--dev <LIST>"),
+        (&["perf", "extra"], "unexpected argument 'extra'"),
+        (&["info", "--nope"], "unexpected argument '--nope'"),
+        (&["config", "--x"], "unexpected argument '--x'"),
+        (&["topo", "--example", "nosuch"], "possible values: dgx-h100, two-socket, vm"),
+        (&["topo", "--write", "/tmp/x"], "--example <NAME>"),
+        (&["topo", "--jsn"], "unexpected argument '--jsn'"),
+        (&["doctor", "--jsno"], "unexpected argument '--jsno'"),
+        (&["doctor", "--save"], "a value is required for '--save <FILE>'"),
+        (&["doctor", "--diff"], "a value is required for '--diff <FILE>'"),
+        (&["nosuch"], "unrecognized subcommand 'nosuch'"),
+        (&[], "Usage: rivet <COMMAND>"),
+    ];
+    for (args, want) in cases {
+        let o = rivet(args);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?} exits 2 (usage error): {out}{err}");
+        assert!(err.contains(want), "{args:?}: the error names {want:?}: {err}");
+        assert!(!out.contains("== overall") && !out.contains("# nThread"), "{args:?} ran anyway: {out}");
+    }
+    // Checked before any process starts, with the flag named.
+    let (_, err) = text(&rivet(&["allreduce", "-b", "1M", "-e", "64K"]));
+    assert!(err.contains("-e/--maxbytes 65536 is below -b/--minbytes 1048576"), "{err}");
+}
+
+/// An error from the plugin is named as NCCL names it, never as a bare number.
+#[test]
+fn plugin_errors_use_ncclresult_names() {
+    let o = Command::new(env!("CARGO_BIN_EXE_rivet")).arg("info").env("NCCL_SOCKET_IFNAME", "=nosuchif0").output().unwrap();
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("init failed: ncclSystemError"), "{err}");
+    assert!(!err.contains("ncclResult_t 2"), "{err}");
+}
+
+/// Output into a pipe whose reader is gone: the process ends quietly (SIGPIPE's default, as
+/// `cat` does), never with a panic message.
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    for args in [&["topo", "--example", "dgx-h100"][..], &["topo", "--json", "--example", "dgx-h100"], &["config"], &["--help"]] {
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both descriptors were just created by pipe(2) and are owned here.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(r);
+        let o = Command::new(env!("CARGO_BIN_EXE_rivet")).args(args).stdout(w).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.is_empty(), "{args:?}: {err}");
+        use std::os::unix::process::ExitStatusExt;
+        assert!(o.status.signal() == Some(libc::SIGPIPE) || o.status.success(), "{args:?}: {:?}", o.status);
+    }
+}
+
+/// `--lat-iters 0` skips the latency test instead of confusing the bandwidth test.
+#[test]
+fn perf_without_latency_test() {
+    let o = rivet(&["perf", "--lat-iters", "0", "--sizes", "64K,1M", "--bytes", "8M"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(!out.contains("# latency"), "{out}");
+    let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(rows[1].split_whitespace().next() == Some("1048576"), "{out}");
+}
+
+/// nccl-tests' all_reduce_perf layout, parsed as scripts written for nccl-tests parse it: the
+/// header, one `#  Rank` line per rank, 13 columns per row (size, count, type, redop, root, and
+/// time/algbw/busbw/#wrong twice), sizes stepping by the factor with count = size / 4, and the
+/// closing lines.
+#[test]
+fn allreduce_prints_all_reduce_perf_layout() {
+    let o = rivet(&["allreduce", "-n", "3", "-b", "8", "-e", "128K", "-f", "4", "--iters", "3", "-w", "1"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("# nThread 1 nGpus 1 minBytes 8 maxBytes 131072 step: 4(factor) warmup iters: 1 iters: 3 agg iters: 1 validation: 1 graph: 0"), "{out}");
+    assert_eq!(lines.iter().filter(|l| l.starts_with("#  Rank ")).count(), 3, "{out}");
+    for r in 0..3 {
+        assert!(out.contains(&format!("#  Rank  {r} Group  0 Pid ")), "{out}");
+    }
+    assert!(out.contains("out-of-place                       in-place"), "{out}");
+    let head = lines.iter().find(|l| l.contains("#wrong")).unwrap();
+    assert_eq!(
+        head.split_whitespace().collect::<Vec<_>>(),
+        ["#", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"]
+    );
+    let rows: Vec<Vec<&str>> = lines.iter().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).map(|l| l.split_whitespace().collect()).collect();
+    let sizes: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(sizes, ["8", "32", "128", "512", "2048", "8192", "32768", "131072"], "{out}");
+    let mut busbw = Vec::new();
+    for r in &rows {
+        assert_eq!(r.len(), 13, "{r:?}");
+        assert_eq!(r[1].parse::<usize>().unwrap() * 4, r[0].parse::<usize>().unwrap());
+        assert_eq!(&r[2..5], ["float", "sum", "-1"]);
+        for g in [5, 9] {
+            assert!(r[g].parse::<f64>().unwrap() > 0.0, "time {r:?}");
+            r[g + 1].parse::<f64>().unwrap();
+            busbw.push(r[g + 2].parse::<f64>().unwrap());
+            assert_eq!(r[g + 3], "0", "#wrong {r:?}");
+        }
+    }
+    assert!(out.contains("\n# Out of bounds values : 0 OK\n"), "{out}");
+    let avg: f64 = lines.iter().find_map(|l| l.strip_prefix("# Avg bus bandwidth    : ")).unwrap().trim().parse().unwrap();
+    let mean = busbw.iter().sum::<f64>() / busbw.len() as f64;
+    // The rows print 2 decimals; the average is of the unrounded values.
+    assert!((avg - mean).abs() < 0.01, "avg {avg} vs rows {mean}");
+}
