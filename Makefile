@@ -1,5 +1,6 @@
 # `make` builds the plugin as NCCL names it (libnccl-net-rivet.so) and the rivet CLI;
-# `make install PREFIX=...` installs both; `make test` runs every test.
+# `make install PREFIX=...` installs both; `make test` runs every test; `make dist` builds the
+# release tarballs for x86_64 and aarch64 (glibc 2.17, stripped, see ci/dist.sh) and checks them.
 PREFIX ?= /usr/local
 REL := target/release
 
@@ -17,4 +18,7 @@ test:
 bench:
 	python3 ci/bench_tcp.py
 
-.PHONY: all install test bench
+dist:
+	bash ci/dist.sh --check
+
+.PHONY: all install test bench dist

@@ -29,5 +29,8 @@ out=src/sys/verbs_bindings.rs
     --raw-line '#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code, clippy::all)]' \
     -- -I/usr/include
 } > "$out.tmp"
+# bindgen ran on x86_64: make pthread_mutex_t's size follow the target and keep its x86_64 layout
+# assertions to x86_64 (see the script).
+python3 ci/verbs-bindings-fixup.py "$out.tmp"
 mv "$out.tmp" "$out"
 echo "wrote $out ($(wc -l < "$out") lines)"

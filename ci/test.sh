@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test of the project: unit tests, the C conformance driver for each exported ncclNet
 # version, the C header layout check, the fault tests (all over TCP on this host), the README's
-# first command in a clean copy of the tree (ci/readme-first.sh), then the same
+# first command in a clean copy of the tree (ci/readme-first.sh), the release tarballs for x86_64
+# and aarch64 with their glibc and conformance checks (ci/dist.sh --check), then the same
 # driver and faults over real RDMA verbs traffic in the Soft-RoCE VM (ci/vm-test.sh; set
 # RIVET_SKIP_VM=1 to leave it out of a quick local run).
 set -euo pipefail
@@ -10,6 +11,12 @@ cargo build --release --all-targets
 cargo test --release --no-fail-fast
 # The README's first command, exactly as written, in a clean copy of the tree.
 bash ci/readme-first.sh
+# The release tarballs (make dist): glibc 2.17 symbol versions, and the conformance driver against
+# the x86_64 build and, under qemu, the aarch64 one (RIVET_SKIP_DIST=1 leaves this out).
+if [ "${RIVET_SKIP_DIST:-0}" != 1 ]; then
+  bash ci/dist-deps.sh
+  bash ci/dist.sh --check
+fi
 if [ "${RIVET_SKIP_VM:-0}" != 1 ]; then
   bash ci/vm-test.sh
 fi

@@ -77,7 +77,10 @@ impl Log for Bridge {
         } else {
             let host = hostname();
             let pid = std::process::id();
-            let tid = unsafe { libc::gettid() };
+            // The system call, not glibc's gettid() wrapper: that appeared in glibc 2.30, and the
+            // release build must load on glibc 2.17 (RHEL 8 has 2.28).
+            // SAFETY: SYS_gettid takes no arguments and cannot fail.
+            let tid = unsafe { libc::syscall(libc::SYS_gettid) };
             let lvl = match r.level() {
                 Level::Error | Level::Warn => "WARN",
                 Level::Info | Level::Debug => "INFO",

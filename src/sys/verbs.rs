@@ -10,6 +10,13 @@ use std::sync::OnceLock;
 
 pub const DEFAULT_LIB: &str = "libibverbs.so.1";
 
+// The fields rivet reads behind a glibc pthread_mutex_t, at the offsets rdma-core's verbs.h gives
+// them on each target (bindgen's own assertions are x86_64's; ci/verbs-bindings-fixup.py).
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(offset_of!(ibv_context, abi_compat) == 320 && size_of::<ibv_context>() == 328);
+#[cfg(target_arch = "aarch64")]
+const _: () = assert!(offset_of!(ibv_context, abi_compat) == 328 && size_of::<ibv_context>() == 336);
+
 /// The libibverbs functions rivet calls. The static-inline verbs are methods below.
 pub struct Verbs {
     _lib: libloading::Library,

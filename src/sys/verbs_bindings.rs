@@ -16,6 +16,7 @@ pub struct timespec {
     pub tv_sec: __time_t,
     pub tv_nsec: __syscall_slong_t,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of timespec"][::core::mem::size_of::<timespec>() - 16usize];
@@ -35,6 +36,7 @@ pub struct __atomic_wide_counter__bindgen_ty_1 {
     pub __low: ::core::ffi::c_uint,
     pub __high: ::core::ffi::c_uint,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of __atomic_wide_counter__bindgen_ty_1"]
@@ -46,6 +48,7 @@ const _: () = {
     ["Offset of field: __atomic_wide_counter__bindgen_ty_1::__high"]
         [::core::mem::offset_of!(__atomic_wide_counter__bindgen_ty_1, __high) - 4usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of __atomic_wide_counter"][::core::mem::size_of::<__atomic_wide_counter>() - 8usize];
@@ -62,6 +65,7 @@ pub struct __pthread_internal_list {
     pub __prev: *mut __pthread_internal_list,
     pub __next: *mut __pthread_internal_list,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of __pthread_internal_list"]
@@ -86,6 +90,7 @@ pub struct __pthread_mutex_s {
     pub __elision: ::core::ffi::c_short,
     pub __list: __pthread_list_t,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of __pthread_mutex_s"][::core::mem::size_of::<__pthread_mutex_s>() - 40usize];
@@ -118,6 +123,7 @@ pub struct __pthread_cond_s {
     pub __wrefs: ::core::ffi::c_uint,
     pub __g_signals: [::core::ffi::c_uint; 2usize],
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of __pthread_cond_s"][::core::mem::size_of::<__pthread_cond_s>() - 48usize];
@@ -137,24 +143,16 @@ const _: () = {
     ["Offset of field: __pthread_cond_s::__g_signals"]
         [::core::mem::offset_of!(__pthread_cond_s, __g_signals) - 40usize];
 };
-#[repr(C)]
+/// glibc's pthread_mutex_t, opaque: 40 bytes on x86_64, 48 on aarch64 (ci/verbs-bindings-fixup.py).
+#[repr(C, align(8))]
 #[derive(Copy, Clone)]
-pub union pthread_mutex_t {
-    pub __data: __pthread_mutex_s,
-    pub __size: [::core::ffi::c_char; 40usize],
-    pub __align: ::core::ffi::c_long,
+pub struct pthread_mutex_t {
+    pub __size: [u8; PTHREAD_MUTEX_T_SIZE],
 }
-#[allow(clippy::unnecessary_operation, clippy::identity_op)]
-const _: () = {
-    ["Size of pthread_mutex_t"][::core::mem::size_of::<pthread_mutex_t>() - 40usize];
-    ["Alignment of pthread_mutex_t"][::core::mem::align_of::<pthread_mutex_t>() - 8usize];
-    ["Offset of field: pthread_mutex_t::__data"]
-        [::core::mem::offset_of!(pthread_mutex_t, __data) - 0usize];
-    ["Offset of field: pthread_mutex_t::__size"]
-        [::core::mem::offset_of!(pthread_mutex_t, __size) - 0usize];
-    ["Offset of field: pthread_mutex_t::__align"]
-        [::core::mem::offset_of!(pthread_mutex_t, __align) - 0usize];
-};
+#[cfg(target_arch = "x86_64")]
+pub const PTHREAD_MUTEX_T_SIZE: usize = 40;
+#[cfg(target_arch = "aarch64")]
+pub const PTHREAD_MUTEX_T_SIZE: usize = 48;
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union pthread_cond_t {
@@ -162,6 +160,7 @@ pub union pthread_cond_t {
     pub __size: [::core::ffi::c_char; 48usize],
     pub __align: ::core::ffi::c_longlong,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of pthread_cond_t"][::core::mem::size_of::<pthread_cond_t>() - 48usize];
@@ -198,6 +197,7 @@ pub union ib_uverbs_flow_action_esp_encap__bindgen_ty_1 {
     pub val_ptr: *mut ::core::ffi::c_void,
     pub val_ptr_data_u64: __u64,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_flow_action_esp_encap__bindgen_ty_1"]
@@ -218,6 +218,7 @@ pub union ib_uverbs_flow_action_esp_encap__bindgen_ty_2 {
     pub next_ptr: *mut ib_uverbs_flow_action_esp_encap,
     pub next_ptr_data_u64: __u64,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_flow_action_esp_encap__bindgen_ty_2"]
@@ -232,6 +233,7 @@ const _: () = {
     )
         - 0usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_flow_action_esp_encap"]
@@ -252,6 +254,7 @@ pub struct ib_uverbs_flow_action_esp {
     pub flags: __u32,
     pub hard_limit_pkts: __u64,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_flow_action_esp"]
@@ -285,6 +288,7 @@ pub struct ibv_gid__bindgen_ty_1 {
     pub subnet_prefix: __be64,
     pub interface_id: __be64,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_gid__bindgen_ty_1"][::core::mem::size_of::<ibv_gid__bindgen_ty_1>() - 16usize];
@@ -295,6 +299,7 @@ const _: () = {
     ["Offset of field: ibv_gid__bindgen_ty_1::interface_id"]
         [::core::mem::offset_of!(ibv_gid__bindgen_ty_1, interface_id) - 8usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_gid"][::core::mem::size_of::<ibv_gid>() - 16usize];
@@ -315,6 +320,7 @@ pub struct ibv_gid_entry {
     pub gid_type: u32,
     pub ndev_ifindex: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_gid_entry"][::core::mem::size_of::<ibv_gid_entry>() - 32usize];
@@ -385,6 +391,7 @@ pub struct ibv_alloc_dm_attr {
     pub log_align_req: u32,
     pub comp_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_alloc_dm_attr"][::core::mem::size_of::<ibv_alloc_dm_attr>() - 16usize];
@@ -421,6 +428,7 @@ pub struct ibv_dm {
     pub comp_mask: u32,
     pub handle: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_dm"][::core::mem::size_of::<ibv_dm>() - 32usize];
@@ -477,6 +485,7 @@ pub struct ibv_device_attr {
     pub local_ca_ack_delay: u8,
     pub phys_port_cnt: u8,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_device_attr"][::core::mem::size_of::<ibv_device_attr>() - 232usize];
@@ -567,6 +576,7 @@ const _: () = {
 pub struct ibv_query_device_ex_input {
     pub comp_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_query_device_ex_input"]
@@ -596,6 +606,7 @@ pub struct ibv_odp_caps__bindgen_ty_1 {
     pub uc_odp_caps: u32,
     pub ud_odp_caps: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_odp_caps__bindgen_ty_1"]
@@ -609,6 +620,7 @@ const _: () = {
     ["Offset of field: ibv_odp_caps__bindgen_ty_1::ud_odp_caps"]
         [::core::mem::offset_of!(ibv_odp_caps__bindgen_ty_1, ud_odp_caps) - 8usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_odp_caps"][::core::mem::size_of::<ibv_odp_caps>() - 24usize];
@@ -627,6 +639,7 @@ pub struct ibv_tso_caps {
     pub max_tso: u32,
     pub supported_qpts: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_tso_caps"][::core::mem::size_of::<ibv_tso_caps>() - 8usize];
@@ -658,6 +671,7 @@ pub struct ibv_rss_caps {
     pub rx_hash_fields_mask: u64,
     pub rx_hash_function: u8,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_rss_caps"][::core::mem::size_of::<ibv_rss_caps>() - 32usize];
@@ -680,6 +694,7 @@ pub struct ibv_packet_pacing_caps {
     pub qp_rate_limit_max: u32,
     pub supported_qpts: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_packet_pacing_caps"][::core::mem::size_of::<ibv_packet_pacing_caps>() - 12usize];
@@ -708,6 +723,7 @@ pub struct ibv_tm_caps {
     pub max_ops: u32,
     pub max_sge: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_tm_caps"][::core::mem::size_of::<ibv_tm_caps>() - 20usize];
@@ -728,6 +744,7 @@ pub struct ibv_cq_moderation_caps {
     pub max_cq_count: u16,
     pub max_cq_period: u16,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_cq_moderation_caps"][::core::mem::size_of::<ibv_cq_moderation_caps>() - 4usize];
@@ -749,6 +766,7 @@ pub struct ibv_pci_atomic_caps {
     pub swap: u16,
     pub compare_swap: u16,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_pci_atomic_caps"][::core::mem::size_of::<ibv_pci_atomic_caps>() - 6usize];
@@ -781,6 +799,7 @@ pub struct ibv_device_attr_ex {
     pub xrc_odp_caps: u32,
     pub phys_port_cnt_ex: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_device_attr_ex"][::core::mem::size_of::<ibv_device_attr_ex>() - 400usize];
@@ -896,6 +915,7 @@ pub struct ibv_port_attr {
     pub flags: u8,
     pub port_cap_flags2: u16,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_port_attr"][::core::mem::size_of::<ibv_port_attr>() - 52usize];
@@ -979,6 +999,7 @@ pub union ibv_async_event__bindgen_ty_1 {
     pub wq: *mut ibv_wq,
     pub port_num: ::core::ffi::c_int,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_async_event__bindgen_ty_1"]
@@ -996,6 +1017,7 @@ const _: () = {
     ["Offset of field: ibv_async_event__bindgen_ty_1::port_num"]
         [::core::mem::offset_of!(ibv_async_event__bindgen_ty_1, port_num) - 0usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_async_event"][::core::mem::size_of::<ibv_async_event>() - 16usize];
@@ -1100,6 +1122,7 @@ pub union ibv_wc__bindgen_ty_1 {
     pub imm_data: __be32,
     pub invalidated_rkey: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_wc__bindgen_ty_1"][::core::mem::size_of::<ibv_wc__bindgen_ty_1>() - 4usize];
@@ -1109,6 +1132,7 @@ const _: () = {
     ["Offset of field: ibv_wc__bindgen_ty_1::invalidated_rkey"]
         [::core::mem::offset_of!(ibv_wc__bindgen_ty_1, invalidated_rkey) - 0usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_wc"][::core::mem::size_of::<ibv_wc>() - 48usize];
@@ -1145,6 +1169,7 @@ pub struct ibv_mw_bind_info {
     pub length: u64,
     pub mw_access_flags: ::core::ffi::c_uint,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_mw_bind_info"][::core::mem::size_of::<ibv_mw_bind_info>() - 32usize];
@@ -1164,6 +1189,7 @@ pub struct ibv_pd {
     pub context: *mut ibv_context,
     pub handle: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_pd"][::core::mem::size_of::<ibv_pd>() - 16usize];
@@ -1176,6 +1202,7 @@ const _: () = {
 pub struct ibv_td_init_attr {
     pub comp_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_td_init_attr"][::core::mem::size_of::<ibv_td_init_attr>() - 4usize];
@@ -1188,6 +1215,7 @@ const _: () = {
 pub struct ibv_td {
     pub context: *mut ibv_context,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_td"][::core::mem::size_of::<ibv_td>() - 8usize];
@@ -1205,6 +1233,7 @@ pub struct ibv_xrcd_init_attr {
     pub fd: ::core::ffi::c_int,
     pub oflags: ::core::ffi::c_int,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_xrcd_init_attr"][::core::mem::size_of::<ibv_xrcd_init_attr>() - 12usize];
@@ -1221,6 +1250,7 @@ const _: () = {
 pub struct ibv_xrcd {
     pub context: *mut ibv_context,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_xrcd"][::core::mem::size_of::<ibv_xrcd>() - 8usize];
@@ -1243,6 +1273,7 @@ pub struct ibv_mr {
     pub lkey: u32,
     pub rkey: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_mr"][::core::mem::size_of::<ibv_mr>() - 48usize];
@@ -1267,6 +1298,7 @@ pub struct ibv_mw {
     pub handle: u32,
     pub type_: ibv_mw_type,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_mw"][::core::mem::size_of::<ibv_mw>() - 32usize];
@@ -1286,6 +1318,7 @@ pub struct ibv_global_route {
     pub hop_limit: u8,
     pub traffic_class: u8,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_global_route"][::core::mem::size_of::<ibv_global_route>() - 24usize];
@@ -1311,6 +1344,7 @@ pub struct ibv_grh {
     pub sgid: ibv_gid,
     pub dgid: ibv_gid,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_grh"][::core::mem::size_of::<ibv_grh>() - 40usize];
@@ -1359,6 +1393,7 @@ pub struct ibv_ah_attr {
     pub is_global: u8,
     pub port_num: u8,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_ah_attr"][::core::mem::size_of::<ibv_ah_attr>() - 32usize];
@@ -1385,6 +1420,7 @@ pub struct ibv_srq_attr {
     pub max_sge: u32,
     pub srq_limit: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_srq_attr"][::core::mem::size_of::<ibv_srq_attr>() - 12usize];
@@ -1402,6 +1438,7 @@ pub struct ibv_srq_init_attr {
     pub srq_context: *mut ::core::ffi::c_void,
     pub attr: ibv_srq_attr,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_srq_init_attr"][::core::mem::size_of::<ibv_srq_init_attr>() - 24usize];
@@ -1428,6 +1465,7 @@ pub struct ibv_tm_cap {
     pub max_num_tags: u32,
     pub max_ops: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_tm_cap"][::core::mem::size_of::<ibv_tm_cap>() - 8usize];
@@ -1448,6 +1486,7 @@ pub struct ibv_srq_init_attr_ex {
     pub cq: *mut ibv_cq,
     pub tm_cap: ibv_tm_cap,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_srq_init_attr_ex"][::core::mem::size_of::<ibv_srq_init_attr_ex>() - 64usize];
@@ -1492,6 +1531,7 @@ pub struct ibv_wq_init_attr {
     pub comp_mask: u32,
     pub create_flags: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_wq_init_attr"][::core::mem::size_of::<ibv_wq_init_attr>() - 48usize];
@@ -1532,6 +1572,7 @@ pub struct ibv_wq_attr {
     pub flags: u32,
     pub flags_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_wq_attr"][::core::mem::size_of::<ibv_wq_attr>() - 20usize];
@@ -1554,6 +1595,7 @@ pub struct ibv_rwq_ind_table {
     pub ind_tbl_num: ::core::ffi::c_int,
     pub comp_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_rwq_ind_table"][::core::mem::size_of::<ibv_rwq_ind_table>() - 24usize];
@@ -1576,6 +1618,7 @@ pub struct ibv_rwq_ind_table_init_attr {
     pub ind_tbl: *mut *mut ibv_wq,
     pub comp_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_rwq_ind_table_init_attr"]
@@ -1606,6 +1649,7 @@ pub struct ibv_qp_cap {
     pub max_recv_sge: u32,
     pub max_inline_data: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_qp_cap"][::core::mem::size_of::<ibv_qp_cap>() - 20usize];
@@ -1632,6 +1676,7 @@ pub struct ibv_qp_init_attr {
     pub qp_type: ibv_qp_type,
     pub sq_sig_all: ::core::ffi::c_int,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_qp_init_attr"][::core::mem::size_of::<ibv_qp_init_attr>() - 64usize];
@@ -1686,6 +1731,7 @@ pub struct ibv_rx_hash_conf {
     pub rx_hash_key: *mut u8,
     pub rx_hash_fields_mask: u64,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_rx_hash_conf"][::core::mem::size_of::<ibv_rx_hash_conf>() - 24usize];
@@ -1719,6 +1765,7 @@ pub struct ibv_qp_init_attr_ex {
     pub source_qpn: u32,
     pub send_ops_flags: u64,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_qp_init_attr_ex"][::core::mem::size_of::<ibv_qp_init_attr_ex>() - 136usize];
@@ -1771,6 +1818,7 @@ pub struct ibv_qp_open_attr {
     pub qp_context: *mut ::core::ffi::c_void,
     pub qp_type: ibv_qp_type,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_qp_open_attr"][::core::mem::size_of::<ibv_qp_open_attr>() - 32usize];
@@ -1852,6 +1900,7 @@ pub struct ibv_qp_attr {
     pub alt_timeout: u8,
     pub rate_limit: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_qp_attr"][::core::mem::size_of::<ibv_qp_attr>() - 144usize];
@@ -1915,6 +1964,7 @@ pub struct ibv_qp_rate_limit_attr {
     pub typical_pkt_sz: u16,
     pub comp_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_qp_rate_limit_attr"][::core::mem::size_of::<ibv_qp_rate_limit_attr>() - 16usize];
@@ -1955,6 +2005,7 @@ pub struct ibv_data_buf {
     pub addr: *mut ::core::ffi::c_void,
     pub length: usize,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_data_buf"][::core::mem::size_of::<ibv_data_buf>() - 16usize];
@@ -1970,6 +2021,7 @@ pub struct ibv_sge {
     pub length: u32,
     pub lkey: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_sge"][::core::mem::size_of::<ibv_sge>() - 16usize];
@@ -1998,6 +2050,7 @@ pub union ibv_send_wr__bindgen_ty_1 {
     pub imm_data: __be32,
     pub invalidate_rkey: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_send_wr__bindgen_ty_1"]
@@ -2022,6 +2075,7 @@ pub struct ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
     pub remote_addr: u64,
     pub rkey: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_send_wr__bindgen_ty_2__bindgen_ty_1"]
@@ -2041,6 +2095,7 @@ pub struct ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
     pub swap: u64,
     pub rkey: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_send_wr__bindgen_ty_2__bindgen_ty_2"]
@@ -2063,6 +2118,7 @@ pub struct ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
     pub remote_qpn: u32,
     pub remote_qkey: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_send_wr__bindgen_ty_2__bindgen_ty_3"]
@@ -2076,6 +2132,7 @@ const _: () = {
     ["Offset of field: ibv_send_wr__bindgen_ty_2__bindgen_ty_3::remote_qkey"]
         [::core::mem::offset_of!(ibv_send_wr__bindgen_ty_2__bindgen_ty_3, remote_qkey) - 12usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_send_wr__bindgen_ty_2"]
@@ -2099,6 +2156,7 @@ pub union ibv_send_wr__bindgen_ty_3 {
 pub struct ibv_send_wr__bindgen_ty_3__bindgen_ty_1 {
     pub remote_srqn: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_send_wr__bindgen_ty_3__bindgen_ty_1"]
@@ -2108,6 +2166,7 @@ const _: () = {
     ["Offset of field: ibv_send_wr__bindgen_ty_3__bindgen_ty_1::remote_srqn"]
         [::core::mem::offset_of!(ibv_send_wr__bindgen_ty_3__bindgen_ty_1, remote_srqn) - 0usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_send_wr__bindgen_ty_3"]
@@ -2130,6 +2189,7 @@ pub struct ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
     pub rkey: u32,
     pub bind_info: ibv_mw_bind_info,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_send_wr__bindgen_ty_4__bindgen_ty_1"]
@@ -2150,6 +2210,7 @@ pub struct ibv_send_wr__bindgen_ty_4__bindgen_ty_2 {
     pub hdr_sz: u16,
     pub mss: u16,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_send_wr__bindgen_ty_4__bindgen_ty_2"]
@@ -2163,6 +2224,7 @@ const _: () = {
     ["Offset of field: ibv_send_wr__bindgen_ty_4__bindgen_ty_2::mss"]
         [::core::mem::offset_of!(ibv_send_wr__bindgen_ty_4__bindgen_ty_2, mss) - 10usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_send_wr__bindgen_ty_4"]
@@ -2174,6 +2236,7 @@ const _: () = {
     ["Offset of field: ibv_send_wr__bindgen_ty_4::tso"]
         [::core::mem::offset_of!(ibv_send_wr__bindgen_ty_4, tso) - 0usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_send_wr"][::core::mem::size_of::<ibv_send_wr>() - 128usize];
@@ -2200,6 +2263,7 @@ pub struct ibv_recv_wr {
     pub sg_list: *mut ibv_sge,
     pub num_sge: ::core::ffi::c_int,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_recv_wr"][::core::mem::size_of::<ibv_recv_wr>() - 32usize];
@@ -2243,6 +2307,7 @@ pub struct ibv_ops_wr__bindgen_ty_1__bindgen_ty_1 {
     pub tag: u64,
     pub mask: u64,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_ops_wr__bindgen_ty_1__bindgen_ty_1"]
@@ -2260,6 +2325,7 @@ const _: () = {
     ["Offset of field: ibv_ops_wr__bindgen_ty_1__bindgen_ty_1::mask"]
         [::core::mem::offset_of!(ibv_ops_wr__bindgen_ty_1__bindgen_ty_1, mask) - 32usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_ops_wr__bindgen_ty_1"]
@@ -2273,6 +2339,7 @@ const _: () = {
     ["Offset of field: ibv_ops_wr__bindgen_ty_1::add"]
         [::core::mem::offset_of!(ibv_ops_wr__bindgen_ty_1, add) - 8usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_ops_wr"][::core::mem::size_of::<ibv_ops_wr>() - 72usize];
@@ -2290,6 +2357,7 @@ pub struct ibv_mw_bind {
     pub send_flags: ::core::ffi::c_uint,
     pub bind_info: ibv_mw_bind_info,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_mw_bind"][::core::mem::size_of::<ibv_mw_bind>() - 48usize];
@@ -2311,6 +2379,7 @@ pub struct ibv_srq {
     pub cond: pthread_cond_t,
     pub events_completed: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_srq"][::core::mem::size_of::<ibv_srq>() - 128usize];
@@ -2348,6 +2417,7 @@ pub struct ibv_wq {
     pub events_completed: u32,
     pub comp_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_wq"][::core::mem::size_of::<ibv_wq>() - 152usize];
@@ -2384,6 +2454,7 @@ pub struct ibv_qp {
     pub cond: pthread_cond_t,
     pub events_completed: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_qp"][::core::mem::size_of::<ibv_qp>() - 160usize];
@@ -2489,6 +2560,7 @@ pub struct ibv_qp_ex {
         ),
     >,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_qp_ex"][::core::mem::size_of::<ibv_qp_ex>() - 352usize];
@@ -2548,6 +2620,7 @@ pub struct ibv_ece {
     pub options: u32,
     pub comp_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_ece"][::core::mem::size_of::<ibv_ece>() - 12usize];
@@ -2563,6 +2636,7 @@ pub struct ibv_comp_channel {
     pub fd: ::core::ffi::c_int,
     pub refcnt: ::core::ffi::c_int,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_comp_channel"][::core::mem::size_of::<ibv_comp_channel>() - 16usize];
@@ -2587,6 +2661,7 @@ pub struct ibv_cq {
     pub comp_events_completed: u32,
     pub async_events_completed: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_cq"][::core::mem::size_of::<ibv_cq>() - 128usize];
@@ -2608,6 +2683,7 @@ const _: () = {
 pub struct ibv_poll_cq_attr {
     pub comp_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_poll_cq_attr"][::core::mem::size_of::<ibv_poll_cq_attr>() - 4usize];
@@ -2621,6 +2697,7 @@ pub struct ibv_wc_tm_info {
     pub tag: u64,
     pub priv_: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_wc_tm_info"][::core::mem::size_of::<ibv_wc_tm_info>() - 16usize];
@@ -2679,6 +2756,7 @@ pub struct ibv_cq_ex {
     pub read_completion_wallclock_ns:
         ::core::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u64>,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_cq_ex"][::core::mem::size_of::<ibv_cq_ex>() - 288usize];
@@ -2744,6 +2822,7 @@ pub struct ibv_moderate_cq {
     pub cq_count: u16,
     pub cq_period: u16,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_moderate_cq"][::core::mem::size_of::<ibv_moderate_cq>() - 4usize];
@@ -2759,6 +2838,7 @@ pub struct ibv_modify_cq_attr {
     pub attr_mask: u32,
     pub moderate: ibv_moderate_cq,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_modify_cq_attr"][::core::mem::size_of::<ibv_modify_cq_attr>() - 8usize];
@@ -2775,6 +2855,7 @@ pub struct ibv_ah {
     pub pd: *mut ibv_pd,
     pub handle: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_ah"][::core::mem::size_of::<ibv_ah>() - 24usize];
@@ -2815,6 +2896,7 @@ pub struct ibv_flow_eth_filter {
     pub ether_type: u16,
     pub vlan_tag: u16,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_eth_filter"][::core::mem::size_of::<ibv_flow_eth_filter>() - 16usize];
@@ -2836,6 +2918,7 @@ pub struct ibv_flow_spec_eth {
     pub val: ibv_flow_eth_filter,
     pub mask: ibv_flow_eth_filter,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_eth"][::core::mem::size_of::<ibv_flow_spec_eth>() - 40usize];
@@ -2855,6 +2938,7 @@ pub struct ibv_flow_ipv4_filter {
     pub src_ip: u32,
     pub dst_ip: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_ipv4_filter"][::core::mem::size_of::<ibv_flow_ipv4_filter>() - 8usize];
@@ -2872,6 +2956,7 @@ pub struct ibv_flow_spec_ipv4 {
     pub val: ibv_flow_ipv4_filter,
     pub mask: ibv_flow_ipv4_filter,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_ipv4"][::core::mem::size_of::<ibv_flow_spec_ipv4>() - 24usize];
@@ -2895,6 +2980,7 @@ pub struct ibv_flow_ipv4_ext_filter {
     pub ttl: u8,
     pub flags: u8,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_ipv4_ext_filter"]
@@ -2922,6 +3008,7 @@ pub struct ibv_flow_spec_ipv4_ext {
     pub val: ibv_flow_ipv4_ext_filter,
     pub mask: ibv_flow_ipv4_ext_filter,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_ipv4_ext"][::core::mem::size_of::<ibv_flow_spec_ipv4_ext>() - 32usize];
@@ -2946,6 +3033,7 @@ pub struct ibv_flow_ipv6_filter {
     pub traffic_class: u8,
     pub hop_limit: u8,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_ipv6_filter"][::core::mem::size_of::<ibv_flow_ipv6_filter>() - 40usize];
@@ -2971,6 +3059,7 @@ pub struct ibv_flow_spec_ipv6 {
     pub val: ibv_flow_ipv6_filter,
     pub mask: ibv_flow_ipv6_filter,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_ipv6"][::core::mem::size_of::<ibv_flow_spec_ipv6>() - 88usize];
@@ -2990,6 +3079,7 @@ pub struct ibv_flow_esp_filter {
     pub spi: u32,
     pub seq: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_esp_filter"][::core::mem::size_of::<ibv_flow_esp_filter>() - 8usize];
@@ -3007,6 +3097,7 @@ pub struct ibv_flow_spec_esp {
     pub val: ibv_flow_esp_filter,
     pub mask: ibv_flow_esp_filter,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_esp"][::core::mem::size_of::<ibv_flow_spec_esp>() - 24usize];
@@ -3026,6 +3117,7 @@ pub struct ibv_flow_tcp_udp_filter {
     pub dst_port: u16,
     pub src_port: u16,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_tcp_udp_filter"][::core::mem::size_of::<ibv_flow_tcp_udp_filter>() - 4usize];
@@ -3044,6 +3136,7 @@ pub struct ibv_flow_spec_tcp_udp {
     pub val: ibv_flow_tcp_udp_filter,
     pub mask: ibv_flow_tcp_udp_filter,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_tcp_udp"][::core::mem::size_of::<ibv_flow_spec_tcp_udp>() - 16usize];
@@ -3065,6 +3158,7 @@ pub struct ibv_flow_gre_filter {
     pub protocol: u16,
     pub key: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_gre_filter"][::core::mem::size_of::<ibv_flow_gre_filter>() - 8usize];
@@ -3084,6 +3178,7 @@ pub struct ibv_flow_spec_gre {
     pub val: ibv_flow_gre_filter,
     pub mask: ibv_flow_gre_filter,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_gre"][::core::mem::size_of::<ibv_flow_spec_gre>() - 24usize];
@@ -3102,6 +3197,7 @@ const _: () = {
 pub struct ibv_flow_mpls_filter {
     pub label: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_mpls_filter"][::core::mem::size_of::<ibv_flow_mpls_filter>() - 4usize];
@@ -3117,6 +3213,7 @@ pub struct ibv_flow_spec_mpls {
     pub val: ibv_flow_mpls_filter,
     pub mask: ibv_flow_mpls_filter,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_mpls"][::core::mem::size_of::<ibv_flow_spec_mpls>() - 16usize];
@@ -3135,6 +3232,7 @@ const _: () = {
 pub struct ibv_flow_tunnel_filter {
     pub tunnel_id: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_tunnel_filter"][::core::mem::size_of::<ibv_flow_tunnel_filter>() - 4usize];
@@ -3151,6 +3249,7 @@ pub struct ibv_flow_spec_tunnel {
     pub val: ibv_flow_tunnel_filter,
     pub mask: ibv_flow_tunnel_filter,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_tunnel"][::core::mem::size_of::<ibv_flow_spec_tunnel>() - 16usize];
@@ -3171,6 +3270,7 @@ pub struct ibv_flow_spec_action_tag {
     pub size: u16,
     pub tag_id: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_action_tag"]
@@ -3190,6 +3290,7 @@ pub struct ibv_flow_spec_action_drop {
     pub type_: ibv_flow_spec_type,
     pub size: u16,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_action_drop"]
@@ -3208,6 +3309,7 @@ pub struct ibv_flow_spec_action_handle {
     pub size: u16,
     pub action: *const ibv_flow_action,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_action_handle"]
@@ -3228,6 +3330,7 @@ pub struct ibv_flow_spec_counter_action {
     pub size: u16,
     pub counters: *mut ibv_counters,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_counter_action"]
@@ -3270,6 +3373,7 @@ pub struct ibv_flow_spec__bindgen_ty_1__bindgen_ty_1 {
     pub type_: ibv_flow_spec_type,
     pub size: u16,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec__bindgen_ty_1__bindgen_ty_1"]
@@ -3281,6 +3385,7 @@ const _: () = {
     ["Offset of field: ibv_flow_spec__bindgen_ty_1__bindgen_ty_1::size"]
         [::core::mem::offset_of!(ibv_flow_spec__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec__bindgen_ty_1"]
@@ -3316,6 +3421,7 @@ const _: () = {
     ["Offset of field: ibv_flow_spec__bindgen_ty_1::flow_count"]
         [::core::mem::offset_of!(ibv_flow_spec__bindgen_ty_1, flow_count) - 0usize];
 };
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec"][::core::mem::size_of::<ibv_flow_spec>() - 88usize];
@@ -3332,6 +3438,7 @@ pub struct ibv_flow_attr {
     pub port: u8,
     pub flags: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_attr"][::core::mem::size_of::<ibv_flow_attr>() - 20usize];
@@ -3357,6 +3464,7 @@ pub struct ibv_flow {
     pub context: *mut ibv_context,
     pub handle: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow"][::core::mem::size_of::<ibv_flow>() - 24usize];
@@ -3370,6 +3478,7 @@ const _: () = {
 pub struct ibv_flow_action {
     pub context: *mut ibv_context,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_action"][::core::mem::size_of::<ibv_flow_action>() - 8usize];
@@ -3393,6 +3502,7 @@ pub struct ibv_flow_action_esp_attr {
     pub comp_mask: u32,
     pub esn: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_action_esp_attr"]
@@ -3431,6 +3541,7 @@ pub struct _ibv_device_ops {
     >,
     pub _dummy2: ::core::option::Option<unsafe extern "C" fn(context: *mut ibv_context)>,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of _ibv_device_ops"][::core::mem::size_of::<_ibv_device_ops>() - 16usize];
@@ -3454,6 +3565,7 @@ pub struct ibv_device {
     pub dev_path: [::core::ffi::c_char; 256usize],
     pub ibdev_path: [::core::ffi::c_char; 256usize],
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_device"][::core::mem::size_of::<ibv_device>() - 664usize];
@@ -3582,6 +3694,7 @@ pub struct ibv_context_ops {
     pub _compat_async_event:
         ::core::option::Option<unsafe extern "C" fn() -> *mut ::core::ffi::c_void>,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_context_ops"][::core::mem::size_of::<ibv_context_ops>() - 256usize];
@@ -3662,6 +3775,7 @@ pub struct ibv_context {
     pub mutex: pthread_mutex_t,
     pub abi_compat: *mut ::core::ffi::c_void,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_context"][::core::mem::size_of::<ibv_context>() - 328usize];
@@ -3696,6 +3810,7 @@ pub struct ibv_cq_init_attr_ex {
     pub flags: u32,
     pub parent_domain: *mut ibv_pd,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_cq_init_attr_ex"][::core::mem::size_of::<ibv_cq_init_attr_ex>() - 56usize];
@@ -3745,6 +3860,7 @@ pub struct ibv_parent_domain_init_attr {
     >,
     pub pd_context: *mut ::core::ffi::c_void,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_parent_domain_init_attr"]
@@ -3769,6 +3885,7 @@ const _: () = {
 pub struct ibv_counters_init_attr {
     pub comp_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_counters_init_attr"][::core::mem::size_of::<ibv_counters_init_attr>() - 4usize];
@@ -3782,6 +3899,7 @@ const _: () = {
 pub struct ibv_counters {
     pub context: *mut ibv_context,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_counters"][::core::mem::size_of::<ibv_counters>() - 8usize];
@@ -3799,6 +3917,7 @@ pub struct ibv_counter_attach_attr {
     pub index: u32,
     pub comp_mask: u32,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_counter_attach_attr"]
@@ -3823,6 +3942,7 @@ pub struct ibv_values_ex {
     pub comp_mask: u32,
     pub raw_clock: timespec,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_values_ex"][::core::mem::size_of::<ibv_values_ex>() - 24usize];
@@ -4017,6 +4137,7 @@ pub struct verbs_context {
     pub sz: usize,
     pub context: ibv_context,
 }
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of verbs_context"][::core::mem::size_of::<verbs_context>() - 648usize];

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what `make dist` needs where it is missing (ci/test.sh runs this before the release
+# build, as ci/vm-test.sh installs qemu for the VM): zig and cargo-zigbuild from PyPI, the aarch64
+# standard library through rustup, and from Debian binutils for aarch64, qemu user emulation and
+# the aarch64 C library (for the conformance run of the aarch64 build).
+set -euo pipefail
+if ! cargo zigbuild --help >/dev/null 2>&1 || ! python3 -m ziglang version >/dev/null 2>&1; then
+  echo "dist-deps: pip install ziglang cargo-zigbuild"
+  python3 -m pip install -q --root-user-action=ignore ziglang cargo-zigbuild 2>/dev/null ||
+    python3 -m pip install -q ziglang cargo-zigbuild
+  hash -r
+fi
+if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+  echo "dist-deps: rustup target add aarch64-unknown-linux-gnu"
+  rustup target add aarch64-unknown-linux-gnu
+fi
+need=()
+command -v objcopy >/dev/null || need+=(binutils)
+command -v aarch64-linux-gnu-objcopy >/dev/null || need+=(binutils-aarch64-linux-gnu)
+command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
+[ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || need+=(libc6-arm64-cross)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "dist-deps: apt-get install ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
