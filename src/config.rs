@@ -50,7 +50,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "RIVET_SYSFS_ROOT",
         default: "/sys",
-        meaning: "The sysfs tree `rivet topo` and the topology probe read (GPUs, NICs, PCI bridges, NUMA nodes); a copy or a fixture tree for tests and diagnosis.",
+        meaning: "The sysfs tree `rivet topo`, `rivet doctor` and the topology probe read (GPUs, NICs, PCI bridges, NUMA nodes): a copy of another node's, or an example machine written by `rivet topo --example NAME --write DIR`.",
     },
     Var {
         name: "NCCL_IB_DISABLE",
@@ -70,7 +70,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "NCCL_IB_GID_INDEX",
         default: "auto",
-        meaning: "RoCE GID index. auto: a RoCE v2 GID of family NCCL_IB_ADDR_FAMILY within NCCL_IB_ADDR_RANGE, skipping empty and link-local entries.",
+        meaning: "RoCE GID index. auto: the first GID of family NCCL_IB_ADDR_FAMILY within NCCL_IB_ADDR_RANGE, skipping empty and link-local entries, of RoCE version NCCL_IB_ROCE_VERSION_NUM where there is one.",
     },
     Var {
         name: "NCCL_IB_ADDR_FAMILY",
@@ -115,7 +115,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "NCCL_IB_QPS_PER_CONNECTION",
         default: "2",
-        meaning: "Queue pairs per connection (1-16); each message above the eager limit is split across them in 128-byte-aligned chunks. NCCL's own default is 1; rivet's 2 measured 1.3-1.8x the bandwidth of 1 on Soft-RoCE (see the benchmark).",
+        meaning: "Queue pairs per connection (1-16); each message above the eager limit is split across them in 128-byte-aligned chunks. NCCL's own default is 1; rivet's 2 measured 1.3-1.8x the bandwidth of 1 on Soft-RoCE (docs/benchmarks.md).",
     },
     Var {
         name: "RIVET_IB_EAGER_MAX",
@@ -140,7 +140,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "RIVET_GDR",
         default: "auto",
-        meaning: "GPUDirect RDMA on RDMA devices: auto (where the GPU-NIC path is within RIVET_GDR_LEVEL and peer memory or dma-buf works), off (GPU buffers always go through host staging), force (GDR whatever the path and checks say; a failed registration still falls back to staging).",
+        meaning: "GPUDirect RDMA on RDMA devices: auto (where the GPU-NIC path is within RIVET_GDR_LEVEL and peer memory or dma-buf works), off (rivet offers no NCCL_PTR_CUDA, so NCCL keeps its buffers in host memory), force (GDR whatever the path and checks say; a failed registration still falls back to staging).",
     },
     Var {
         name: "RIVET_DMABUF",

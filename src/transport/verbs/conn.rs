@@ -45,6 +45,9 @@ const POLL_BATCH: usize = 16;
 const SIGNAL_EVERY: u32 = 32;
 /// How long completions may still arrive after the peer's socket closed.
 const EOF_GRACE: Duration = Duration::from_millis(500);
+/// How long a failed completion of the kind a dead link causes waits for the port's state or
+/// PORT_ERR event to say so, before the error is reported without a cause.
+const CAUSE_WAIT: Duration = Duration::from_millis(300);
 const LIVENESS_EVERY: Duration = Duration::from_millis(10);
 /// Idle calls between two looks at the clock.
 const IDLE_CALLS: u32 = 64;
@@ -215,17 +218,30 @@ impl Common {
             _ => Kind::System,
         };
         // What the device said about this QP or its port, if anything.
-        let mut cause = String::new();
         let dev = &self.port.dev;
-        dev.poll_events();
-        if let Some((_, ev)) = dev.qp_event(std::iter::once(wc.qp_num)) {
-            cause = format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev));
-        } else if dev.port_down(self.port.port) {
-            cause = format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", dev.name, self.port.port);
-        } else if let Some(state) = dev.port_state(self.port.port).filter(|s| *s != "ACTIVE") {
-            // The event may not have been delivered yet: ask the port itself.
-            cause = format!("; cause: the port {}:{} is {state}: check the link and the switch", dev.name, self.port.port);
+        let find_cause = || {
+            dev.poll_events();
+            if let Some((_, ev)) = dev.qp_event(std::iter::once(wc.qp_num)) {
+                Some(format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev)))
+            } else if dev.port_down(self.port.port) {
+                Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", dev.name, self.port.port))
+            } else {
+                // The event may not have been delivered yet: ask the port itself.
+                let state = dev.port_state(self.port.port).filter(|s| *s != "ACTIVE")?;
+                Some(format!("; cause: the port {}:{} is {state}: check the link and the switch", dev.name, self.port.port))
+            }
+        };
+        // A link that just went down can fail the transport's retries before the port's state or
+        // its PORT_ERR event shows it: for the errors a dead link causes, look again for a while
+        // (bounded, and only on this error path) before blaming the peer.
+        let link_error = matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR);
+        let mut cause = find_cause();
+        let deadline = std::time::Instant::now() + CAUSE_WAIT;
+        while cause.is_none() && link_error && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            cause = find_cause();
         }
+        let cause = cause.unwrap_or_default();
         let gone = if matches!(self.peer_state(), PeerState::Gone) {
             format!("; the peer {} has closed its connection, so it most likely exited or crashed", self.peer)
         } else {
@@ -511,6 +527,16 @@ impl VerbsSend {
         unsafe { std::ptr::read_volatile(p.add(slot * MAX_RECVS + r)) }
     }
 
+    /// The stamp of a CTS entry, loaded alone with acquire: the entry's other fields are read
+    /// after it. A 32-byte volatile read is several loads that Arm may reorder, so reading the
+    /// stamp in the same read as the fields could pair a new stamp with the slot's old fields.
+    fn stamp(&self, slot: usize, r: usize) -> u32 {
+        let p = unsafe { (self.fifo.buf.ptr() as *mut Cts).add(slot * MAX_RECVS + r) };
+        // SAFETY: the FIFO is registered memory that lives as long as the connection, the stamp is
+        // an aligned u32 that only the NIC writes, and no Rust reference to it exists.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(std::ptr::addr_of_mut!((*p).stamp)) }.load(Ordering::Acquire)
+    }
+
     /// Ring slots the receiver has released (its credit word).
     fn credits_freed(&self) -> u64 {
         unsafe { std::ptr::read_volatile(self.fifo.buf.ptr().add(FIFO_BYTES) as *const u64) }
@@ -565,8 +591,8 @@ impl VerbsSend {
     fn find_cts(&mut self, seq: u32, size: usize, tag: i32) -> Result<Option<(usize, usize)>> {
         loop {
             let slot = (self.cts_head % FIFO_DEPTH as u64) as usize;
-            let e0 = self.entry(slot, 0);
-            let d = e0.stamp.wrapping_sub((self.cts_head + 1) as u32) as i32;
+            let s0 = self.stamp(slot, 0);
+            let d = s0.wrapping_sub((self.cts_head + 1) as u32) as i32;
             if d < 0 {
                 return Ok(None); // not written yet
             }
@@ -577,12 +603,14 @@ impl VerbsSend {
                 self.cts_used = 0;
                 continue;
             }
+            // The fields, read after the stamp's acquire load.
+            let e0 = self.entry(slot, 0);
             let n = e0.n();
             if n == 0 || n > MAX_RECVS {
                 let e = Error::remote(format!("{}: corrupt clear-to-send entry (n {n})", self.c.where_(0)));
                 return Err(self.c.die(e));
             }
-            if (1..n).any(|r| self.entry(slot, r).stamp != e0.stamp) {
+            if (1..n).any(|r| self.stamp(slot, r) != s0) {
                 return Ok(None); // the rest of the grouped entry is still arriving
             }
             fence(Ordering::Acquire);
@@ -979,6 +1007,10 @@ impl VerbsRecv {
         // Credits: in batches, or at once when the sender runs low.
         let unreported = self.ring_done - self.credits_sent;
         if unreported > 0 && (self.credit_urgent || unreported >= self.ring_slots as u64 / 2) {
+            // The copies out of the released slots (loads) complete before the credit that lets
+            // the sender overwrite them is written: Arm may otherwise let the later store (and the
+            // doorbell, whose barrier orders stores only) pass those loads.
+            std::sync::atomic::fence(Ordering::SeqCst);
             let w = self.scratch.buf.ptr() as *mut u64;
             unsafe { w.add(1).write(self.ring_done) };
             let (src, lkey) = (self.scratch.addr() + 8, self.scratch.mr.lkey());

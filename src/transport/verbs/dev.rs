@@ -63,8 +63,10 @@ impl IbDevice {
                 }
                 IBV_EVENT_DEVICE_FATAL | IBV_EVENT_CQ_ERR => {
                     log::warn!("NET/rivet: {}: fatal asynchronous event {name}", self.name);
-                    self.fatal_events.fetch_add(1, Ordering::Relaxed);
+                    // The reason first, then the count that publishes it (Release, paired with
+                    // check_fatal's Acquire).
                     *self.fatal_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(name.to_string());
+                    self.fatal_events.fetch_add(1, Ordering::Release);
                 }
                 IBV_EVENT_PORT_ERR => {
                     let port = unsafe { ev.element.port_num };
@@ -102,7 +104,7 @@ impl IbDevice {
 
     /// Fails once the device reported a fatal asynchronous event.
     pub fn check_fatal(&self) -> Result<()> {
-        if self.fatal_events.load(Ordering::Relaxed) == 0 {
+        if self.fatal_events.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
         let why = self.fatal_reason.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
