@@ -1035,6 +1035,51 @@ static int child_bigrecv(Child* c, void* arg) {
   return conn_close(c, &k) || child_finalize(c);
 }
 
+/* ---- late ------------------------------------------------------------ */
+/* A receiver that is alive but late: rank 0 posts 4 x 16 MiB at once and keeps testing them;
+ * rank 1 does not call the plugin for 2.5 x RIVET_TIMEOUT (a checkpoint, data loading), then
+ * posts its receives. Everything must arrive intact: the sender waits, however late. */
+#define NLATE 4
+static int child_late(Child* c, void* arg) {
+  (void)arg;
+  Conn k;
+  if (child_open(c) || ring_setup(c, &k)) return 1;
+  const size_t sz = 16 * MiB;
+  double late = 2.5 * c->o->rivet_timeout, t0 = now_s();
+  Buf b[NLATE];
+  Op ops[NLATE];
+  for (int i = 0; i < NLATE; i++) {
+    if (buf_get(c, c->rank == 0 ? k.sc : k.rc, sz, &b[i])) return 1;
+    if (c->rank == 0) {
+      fill(b[i].p, sz, seed3((uint32_t)i, 0, 9));
+      op_send(&ops[i], k.sc, &b[i], sz, i);
+    } else {
+      memset(b[i].p, 0xA5, sz);
+      op_recv(&ops[i], k.rc, &b[i], sz, i);
+    }
+  }
+  if (c->rank == 1) {
+    double until = t0 + late;
+    while (now_s() < until) usleep(100000);
+  }
+  char err[200];
+  int bad = -1;
+  if (ops_run(c, ops, NLATE, late + 60, err, sizeof err, &bad)) FAIL(c, "op %d after %.1f s: %s", bad, now_s() - t0, err);
+  double took = now_s() - t0;
+  if (c->rank == 1) {
+    for (int i = 0; i < NLATE; i++) {
+      if ((size_t)ops[i].got[0] != sz) FAIL(c, "recv %d: size %d, expected %zu", i, ops[i].got[0], sz);
+      long x = check(b[i].p, sz, seed3((uint32_t)i, 0, 9));
+      if (x >= 0) FAIL(c, "recv %d: byte %ld wrong", i, x);
+    }
+    child_detail(c, "receiver %.1f s late (2.5 x RIVET_TIMEOUT=%d), 4 x 16 MiB intact after %.1f s", late, c->o->rivet_timeout, took);
+  }
+  for (int i = 0; i < NLATE; i++)
+    if (buf_put(c, &b[i])) return 1;
+  if (child_barrier(c)) FAIL(c, "barrier failed");
+  return conn_close(c, &k) || child_finalize(c);
+}
+
 /* ---- outstanding ---------------------------------------------------- */
 #define NOUT 32
 static int child_outstanding(Child* c, void* arg) {
@@ -1670,6 +1715,7 @@ static int case_optional(const Opts* o, char* d, size_t dl) {
 }
 static int case_badargs(const Opts* o, char* d, size_t dl) { return spawn(o, 1, child_badargs, NULL, 60, d, dl); }
 static int case_badrkey(const Opts* o, char* d, size_t dl) { return spawn(o, 2, child_badrkey, NULL, 90, d, dl); }
+static int case_late(const Opts* o, char* d, size_t dl) { return spawn(o, 2, child_late, NULL, 90 + 2.5 * o->rivet_timeout, d, dl); }
 
 static const struct {
   const char* name;
@@ -1684,6 +1730,7 @@ static const struct {
   {"kill", case_kill, 0},         {"reload", case_reload, 0},
   {"optional", case_optional, 0}, {"badargs", case_badargs, 0},
   {"badrkey", case_badrkey, 1}, /* RDMA verbs transport only */
+  {"late", case_late, 1},       /* slow: 2.5 x RIVET_TIMEOUT */
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -1691,10 +1738,11 @@ static void usage(void) {
   fprintf(stderr, "usage: conformance --lib PATH_OR_SONAME --api N(6..12) [--case NAME|all] [--dev D] [--dev2 D] [-v]\ncases:");
   for (int i = 0; i < NCASES; i++)
     if (!cases[i].named_only) fprintf(stderr, " %s", cases[i].name);
-  fprintf(stderr, "\nnot in 'all' (they need the RDMA verbs transport; run with --case NAME):");
+  fprintf(stderr, "\nnot in 'all' (run with --case NAME):");
   for (int i = 0; i < NCASES; i++)
     if (cases[i].named_only) fprintf(stderr, " %s", cases[i].name);
-  fprintf(stderr, "\n  badrkey: a send to a stale rkey must fail with ncclRemoteError and a WARN naming it\n");
+  fprintf(stderr, "\n  badrkey: a send to a stale rkey must fail with ncclRemoteError and a WARN naming it (RDMA verbs only)\n");
+  fprintf(stderr, "  late: a receiver 2.5 x RIVET_TIMEOUT late gets 4 x 16 MiB intact (slow)\n");
 }
 
 static int parse_int(const char* s, int* out) {

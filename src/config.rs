@@ -45,7 +45,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "RIVET_TIMEOUT",
         default: "30",
-        meaning: "Seconds (1-3600) before a connection setup, an unanswered handshake, unacknowledged data on a TCP stream, or a vanished RDMA peer fails with an error instead of waiting forever.",
+        meaning: "Seconds (1-3600) before a connection setup or an unanswered handshake fails, and how long a peer host may stop answering (no ACK for data sent to it, keepalive unanswered on an idle connection) before it is reported unreachable, within about twice this. A peer that is alive but late to post its receives is waited for, however late.",
     },
     Var {
         name: "RIVET_SYSFS_ROOT",

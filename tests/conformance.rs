@@ -97,6 +97,19 @@ fn conformance_v12() {
     conformance(12);
 }
 
+/// A receiver that is alive but 2.5 x RIVET_TIMEOUT late (RIVET_TIMEOUT=5, 12.5 s) gets 4 x 16 MiB
+/// intact: TCP_USER_TIMEOUT used to abort such a connection at zero window after RIVET_TIMEOUT.
+/// With the helper threads too, whose streams are watched for a vanished host the same way.
+#[test]
+fn a_late_receiver_is_waited_for() {
+    let l = lib();
+    for threads in ["0", "1"] {
+        let (ok, out) = run_driver(&["--lib", l.to_str().unwrap(), "--api", "12", "--case", "late"], &[("RIVET_TIMEOUT", "5"), ("RIVET_SOCKET_THREADS", threads)]);
+        assert!(ok && out.contains("PASS api=12 case=late "), "RIVET_SOCKET_THREADS={threads}:\n{out}");
+        assert!(out.contains("4 x 16 MiB intact"), "{out}");
+    }
+}
+
 /// The staging engine with its host copier (RIVET_STAGE_HOST=1) under every case: each buffer
 /// goes through a bounce buffer, and the copier copies only when its fence is polled, so a
 /// receive reported done before its copy shows as wrong contents.

@@ -77,6 +77,9 @@ step staged-v8-rxe0-rxe1 staged 8
 # move on from the receive comm's calls; then streaming with partial (pipelined) rendezvous sends.
 step staged-perf env RIVET_STAGE_HOST=1 ./rivet perf --lib $LIB --dev 0,1 --sizes 64K,4M --bytes 16M --lat-iters 50
 step badrkey ./conformance --lib $LIB --api 12 --dev 0 --dev2 1 --case badrkey
+# A receiver 2.5 x RIVET_TIMEOUT late (alive, not calling the plugin) gets 4 x 16 MiB intact:
+# the sender waits for its clear-to-send, the out-of-band socket stays up, RNR retries forever.
+step late env RIVET_TIMEOUT=4 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1 --case late
 # The Rust fault tests whose subject is the same on both transports (the out-of-band listener,
 # closing with requests in flight, configuration warnings), here over verbs.
 step faults ./faults --test-threads=1 \

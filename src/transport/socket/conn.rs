@@ -44,9 +44,15 @@ struct Streams {
     peer: SocketAddr,
     min_chunk: usize,
     failed: Option<Error>,
+    /// Per stream: how long its bytes have been unable to move (sends), to find a vanished host.
+    stalls: Vec<sock::Stall>,
+    timeout: std::time::Duration,
 }
 
 unsafe impl Send for Streams {}
+
+/// On the polling path the clock is read once every this many blocked attempts.
+const STALL_EVERY: u32 = 256;
 
 impl Streams {
     fn new(fds: Vec<OwnedFd>, peer: SocketAddr, min_chunk: usize, per_queue: usize, slots: usize, send: bool) -> Streams {
@@ -71,7 +77,9 @@ impl Streams {
                 }
             })
             .collect();
-        Streams { helpers, shared, _fds: fds, raw, pfds, queues, peer, min_chunk, failed: None }
+        let stalls = raw.iter().map(|_| sock::Stall::new()).collect();
+        let timeout = std::time::Duration::from_secs(crate::config::get().timeout_secs);
+        Streams { helpers, shared, _fds: fds, raw, pfds, queues, peer, min_chunk, failed: None, stalls, timeout }
     }
 
     /// Queue a part on stream `j`: its helper's, or the calling thread's.
@@ -143,16 +151,7 @@ impl Streams {
     }
 
     fn io_error(&self, stream: usize, dir: &str, e: std::io::Error) -> Error {
-        let peer = self.peer;
-        match e.raw_os_error() {
-            Some(libc::EPIPE) | Some(libc::ECONNRESET) => Error::remote(format!(
-                "connection to {peer} (stream {stream}) was reset while {dir}: the peer process closed or died"
-            )),
-            Some(libc::ETIMEDOUT) => Error::remote(format!(
-                "connection to {peer} (stream {stream}) timed out while {dir}: the peer stopped acknowledging data for RIVET_TIMEOUT seconds (host down or network partition)"
-            )),
-            _ => Error::system(format!("{dir} on stream {stream} to {peer}: {e}")),
-        }
+        sock::stream_error(self.peer, stream, dir, &e)
     }
 
     fn closed_error(&self, stream: usize) -> Error {
@@ -199,24 +198,38 @@ impl SendConn {
 
     fn progress(&mut self) -> Result<()> {
         self.s.check()?;
-        let ready = self.s.ready(self.s.busy(), libc::POLLOUT);
+        let busy = self.s.busy();
+        let ready = self.s.ready(busy, libc::POLLOUT);
         for j in 0..self.s.raw.len() {
-            if ready & (1 << j) == 0 {
+            if busy & (1 << j) == 0 {
                 continue;
             }
-            if let Err(e) = self.flush_stream(j) {
+            let moved = if ready & (1 << j) != 0 {
+                match self.flush_stream(j) {
+                    Ok(m) => m,
+                    Err(e) => return Err(self.s.fail(e)),
+                }
+            } else {
+                false
+            };
+            if moved {
+                self.s.stalls[j].moved();
+            } else if let Some(why) = self.s.stalls[j].blocked(self.s.raw[j], self.s.timeout, STALL_EVERY) {
+                let e = sock::unreachable_error(self.s.peer, j, &why);
                 return Err(self.s.fail(e));
             }
         }
         Ok(())
     }
 
-    /// Write as much of stream `j`'s queue as the socket takes, gathering up to MAX_IOV tasks.
-    fn flush_stream(&mut self, j: usize) -> Result<()> {
+    /// Write as much of stream `j`'s queue as the socket takes, gathering up to MAX_IOV tasks;
+    /// true when some bytes moved.
+    fn flush_stream(&mut self, j: usize) -> Result<bool> {
+        let mut moved = false;
         loop {
             let q = &self.s.queues[j];
             if q.is_empty() {
-                return Ok(());
+                return Ok(moved);
             }
             self.iov.clear();
             for t in q.iter().take(MAX_IOV) {
@@ -231,13 +244,14 @@ impl SendConn {
                 }
             }
             if self.iov.is_empty() {
-                return Ok(());
+                return Ok(moved);
             }
             let n = match sock::send_iov(self.s.raw[j], &self.iov) {
                 Ok(Io::Done(n)) => n,
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(moved),
                 Err(e) => return Err(self.s.io_error(j, "sending", e)),
             };
+            moved = true;
             let mut left = n;
             while left > 0 {
                 let t = self.s.queues[j].front_mut().expect("bytes sent beyond the queue");

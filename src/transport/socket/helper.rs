@@ -116,6 +116,8 @@ impl Drop for Helper {
 
 fn run(fd: RawFd, stream: usize, send: bool, peer: SocketAddr, q: &Queue, s: &Shared) {
     let dir = if send { "sending" } else { "receiving" };
+    let timeout = Duration::from_secs(crate::config::get().timeout_secs);
+    let mut stall = sock::Stall::new();
     loop {
         let p = {
             let mut g = q.parts.lock().unwrap_or_else(|p| p.into_inner());
@@ -148,8 +150,17 @@ fn run(fd: RawFd, stream: usize, send: bool, peer: SocketAddr, q: &Queue, s: &Sh
                 sock::recv_into(fd, ptr, end - off)
             };
             match r {
-                Ok(Io::Done(n)) => off += n,
+                Ok(Io::Done(n)) => {
+                    off += n;
+                    stall.moved();
+                }
                 Ok(Io::WouldBlock) => {
+                    if send {
+                        if let Some(why) = stall.blocked(fd, timeout, 1) {
+                            s.fail(sock::unreachable_error(peer, stream, &why));
+                            return;
+                        }
+                    }
                     let mut pfd = libc::pollfd { fd, events: if send { libc::POLLOUT } else { libc::POLLIN }, revents: 0 };
                     unsafe { libc::poll(&mut pfd, 1, 100) };
                 }
@@ -160,15 +171,7 @@ fn run(fd: RawFd, stream: usize, send: bool, peer: SocketAddr, q: &Queue, s: &Sh
                     return;
                 }
                 Err(e) => {
-                    s.fail(match e.raw_os_error() {
-                        Some(libc::EPIPE) | Some(libc::ECONNRESET) => Error::remote(format!(
-                            "connection to {peer} (stream {stream}) was reset while {dir}: the peer process closed or died"
-                        )),
-                        Some(libc::ETIMEDOUT) => Error::remote(format!(
-                            "connection to {peer} (stream {stream}) timed out while {dir}: the peer stopped acknowledging data for RIVET_TIMEOUT seconds"
-                        )),
-                        _ => Error::system(format!("{dir} on stream {stream} to {peer}: {e}")),
-                    });
+                    s.fail(sock::stream_error(peer, stream, dir, &e));
                     return;
                 }
             }

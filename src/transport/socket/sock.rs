@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -154,17 +154,118 @@ pub fn connect_done(fd: &OwnedFd, addr: &SocketAddr) -> Result<bool> {
     Ok(true)
 }
 
-/// Options for a data stream: no Nagle delay, and a dead or unreachable peer detected within
-/// `timeout` (TCP_USER_TIMEOUT for unacknowledged data, keepalive for an idle connection).
+/// Options for a data stream: no Nagle delay, and keepalive, so that a peer host that vanishes
+/// while the connection is idle is found within `timeout` (idle `timeout`/2, then 3 probes
+/// `timeout`/6 apart). TCP_USER_TIMEOUT is not set: it also aborts a connection held at zero
+/// window by a receiver that is alive but late (its kernel answers the window probes, its
+/// application has not posted the receive yet), which must be waited for however long. A host that
+/// stops answering while data is outstanding is found by [`Stall`] instead.
 pub fn tune(fd: &OwnedFd, timeout: Duration) {
     let f = fd.as_raw_fd();
     let secs = timeout.as_secs().max(1) as i32;
     let _ = setopt(f, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1i32);
-    let _ = setopt(f, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, (secs as u32).saturating_mul(1000));
     let _ = setopt(f, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1i32);
     let _ = setopt(f, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, (secs / 2).max(1));
     let _ = setopt(f, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, (secs / 6).max(1));
     let _ = setopt(f, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3i32);
+}
+
+/// What the kernel knows of a stream's unanswered segments (TCP_INFO).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unanswered {
+    /// Consecutive retransmissions of the oldest unacknowledged segment, unanswered.
+    pub retransmits: u8,
+    /// Zero-window probes sent and not answered.
+    pub probes: u8,
+    /// Milliseconds since the last ACK came from the peer.
+    pub last_ack_ms: u32,
+}
+
+pub fn unanswered(fd: RawFd) -> Option<Unanswered> {
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: ti is a tcp_info of `len` bytes; the kernel writes at most that.
+    let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut ti as *mut _ as *mut libc::c_void, &mut len) };
+    (rc == 0).then_some(Unanswered { retransmits: ti.tcpi_retransmits, probes: ti.tcpi_probes, last_ack_ms: ti.tcpi_last_ack_recv })
+}
+
+/// Watches a stream whose bytes cannot move. A live peer host acknowledges: the data, or, when its
+/// application is late and its receive window is full, each zero-window probe, which resets the
+/// probe count. A vanished host answers nothing, so retransmissions or probes go unanswered. The
+/// stream is declared unreachable when it has been blocked for `timeout`, the last ACK is as old,
+/// and at least two retransmissions or probes in a row are unanswered: never for a receiver that
+/// is only late, however late.
+pub struct Stall {
+    since: Option<Instant>,
+    calls: u32,
+}
+
+impl Default for Stall {
+    fn default() -> Self {
+        Stall::new()
+    }
+}
+
+impl Stall {
+    pub const fn new() -> Stall {
+        Stall { since: None, calls: 0 }
+    }
+
+    /// Bytes moved on the stream.
+    pub fn moved(&mut self) {
+        self.since = None;
+    }
+
+    /// An attempt found the stream blocked. The clock is read every `every` calls (1 on a
+    /// sleeping helper thread; more on a polling path, where the clock can be a system call).
+    /// Some(error text) when the peer host is unreachable.
+    pub fn blocked(&mut self, fd: RawFd, timeout: Duration, every: u32) -> Option<String> {
+        self.calls = self.calls.wrapping_add(1);
+        if self.since.is_some() && self.calls % every.max(1) != 0 {
+            return None;
+        }
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        let blocked = now.duration_since(since);
+        if blocked < timeout {
+            return None;
+        }
+        let u = unanswered(fd)?;
+        let unanswered = u.retransmits.max(u.probes);
+        if unanswered >= 2 && u64::from(u.last_ack_ms) >= timeout.as_millis() as u64 {
+            return Some(format!(
+                "no acknowledgement for {:.1} s ({} {} unanswered)",
+                u.last_ack_ms as f64 / 1000.0,
+                unanswered,
+                if u.probes > u.retransmits { "window probes" } else { "retransmissions" }
+            ));
+        }
+        None
+    }
+}
+
+/// The error of a failed stream operation (`dir`: "sending" or "receiving"), naming the cause as
+/// the kernel reported it: reset (the peer process closed or died) or timed out (the peer host
+/// stopped answering: down, or the network between the hosts broken).
+pub fn stream_error(peer: SocketAddr, stream: usize, dir: &str, e: &io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EPIPE) | Some(libc::ECONNRESET) => {
+            Error::remote(format!("connection to {peer} (stream {stream}) was reset while {dir}: the peer process closed or died"))
+        }
+        Some(libc::ETIMEDOUT) | Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH) => Error::remote(format!(
+            "the peer host {} is unreachable (stream {stream}, while {dir}: {e}): it stopped answering for RIVET_TIMEOUT seconds, so it is down or the network between the hosts is broken",
+            peer.ip()
+        )),
+        _ => Error::system(format!("{dir} on stream {stream} to {peer}: {e}")),
+    }
+}
+
+/// The error of a stream that [`Stall`] found unreachable.
+pub fn unreachable_error(peer: SocketAddr, stream: usize, why: &str) -> Error {
+    Error::remote(format!(
+        "the peer host {} is unreachable (stream {stream} to {peer}: {why}): it is down or the network between the hosts is broken (a peer that is only slow to receive is waited for)",
+        peer.ip()
+    ))
 }
 
 pub enum Io {

@@ -91,7 +91,11 @@ pub fn post_recvs(qp: &QpRts, n: u32) -> std::result::Result<(), i32> {
 
 enum PeerState {
     Alive,
+    /// The out-of-band socket ended (EOF or reset): the peer process exited or crashed.
     Gone,
+    /// The out-of-band socket timed out (keepalive) or lost its route: the peer host stopped
+    /// answering.
+    Unreachable(std::io::Error),
     Mismatch(Mismatch),
 }
 
@@ -187,10 +191,15 @@ impl Common {
         if r > 0 {
             return PeerState::Alive;
         }
-        if r == 0 || !matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) {
+        if r == 0 {
             return PeerState::Gone;
         }
-        PeerState::Alive
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) => PeerState::Alive,
+            Some(libc::ETIMEDOUT) | Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH) => PeerState::Unreachable(e),
+            _ => PeerState::Gone,
+        }
     }
 
     /// Tell the receiver why this sender fails (best effort; the socket is otherwise idle).
@@ -242,10 +251,10 @@ impl Common {
             cause = find_cause();
         }
         let cause = cause.unwrap_or_default();
-        let gone = if matches!(self.peer_state(), PeerState::Gone) {
-            format!("; the peer {} has closed its connection, so it most likely exited or crashed", self.peer)
-        } else {
-            String::new()
+        let gone = match self.peer_state() {
+            PeerState::Gone => format!("; the peer {} has closed its connection, so it most likely exited or crashed", self.peer),
+            PeerState::Unreachable(e) => format!("; the peer host {} is unreachable ({e})", self.peer.ip()),
+            _ => String::new(),
         };
         Error::new(
             kind,
@@ -287,6 +296,15 @@ impl Common {
                 let e = Error::usage(format!(
                     "collective mismatch with the peer {}: a send of {} bytes with tag {} into a receive of {} bytes; every rank must run the same collectives with the same sizes",
                     self.peer, m.send_size, m.tag, m.recv_size
+                ));
+                return Err(self.die(e));
+            }
+            PeerState::Unreachable(err) => {
+                let e = Error::remote(format!(
+                    "{}:{}: the peer host {} is unreachable (its out-of-band connection: {err}): it stopped answering for RIVET_TIMEOUT seconds, so it is down or the network between the hosts is broken; {outstanding} request(s) of ours outstanding",
+                    self.port.dev.name,
+                    self.port.port,
+                    self.peer.ip()
                 ));
                 return Err(self.die(e));
             }
