@@ -201,8 +201,24 @@ fn default_of(name: &str) -> &'static str {
 
 type Getter<'a> = &'a dyn Fn(&str) -> Option<String>;
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|s| !s.trim().is_empty())
+/// A variable's value, None when unset or empty. A value that is not valid UTF-8 is invalid like
+/// any other: a WARN that names it, and the default (it is never silently taken as unset).
+pub fn env(name: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(s) => Some(s).filter(|s| !s.trim().is_empty()),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(raw)) => {
+            log::warn!(
+                "NET/rivet: {name}={} is invalid: it is not valid UTF-8; using the default {}",
+                raw.to_string_lossy(),
+                match default_of(name) {
+                    "" => "(unset)",
+                    d => d,
+                }
+            );
+            None
+        }
+    }
 }
 
 /// Parse an integer variable in `[min, max]`; WARN and use the default otherwise.

@@ -23,6 +23,8 @@ struct Bridge;
 static BRIDGE: Bridge = Bridge;
 
 fn level_from_env() -> LevelFilter {
+    // Read directly (not through config::env): the logger must be set up before a WARN can be
+    // written, and a non-UTF-8 value falls back to WARN like any unknown one.
     match std::env::var("NCCL_DEBUG").map(|s| s.to_ascii_uppercase()).as_deref() {
         Ok("TRACE") => LevelFilter::Trace,
         Ok("INFO") => LevelFilter::Info,

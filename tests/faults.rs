@@ -187,6 +187,30 @@ fn an_invalid_setting_warns_with_what_it_accepts() {
     assert!(err.contains("RIVET_TIMEOUT=0 is invalid: it accepts an integer from 1 to 3600"), "{err}");
 }
 
+/// A value that is not valid UTF-8 is invalid like any other (a WARN, the default), never taken
+/// as unset without a word: with NCCL_SOCKET_IFNAME that would silently drop the filter.
+#[test]
+fn a_setting_that_is_not_utf8_warns() {
+    use std::os::unix::ffi::OsStrExt;
+    const NAME: &str = "a_setting_that_is_not_utf8_warns";
+    if std::env::var("RIVET_TEST_CHILD").as_deref() == Ok(NAME) {
+        one_transfer(1 << 16);
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env("RIVET_TEST_CHILD", NAME)
+        .env("NCCL_SOCKET_IFNAME", std::ffi::OsStr::from_bytes(b"eth\xff0"))
+        .env("RIVET_SOCKET_NSTREAMS", std::ffi::OsStr::from_bytes(b"\xc3\x28"))
+        .env_remove("NCCL_DEBUG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("NCCL_SOCKET_IFNAME=eth\u{fffd}0 is invalid: it is not valid UTF-8; using the default all but lo, docker*"), "{err}");
+    assert!(err.contains("RIVET_SOCKET_NSTREAMS=\u{fffd}( is invalid: it is not valid UTF-8; using the default 2"), "{err}");
+}
+
 #[test]
 fn init_logs_version_library_abi_devices_and_transport_at_info() {
     let Some((ok, err)) = in_child("init_logs_version_library_abi_devices_and_transport_at_info", &[("NCCL_DEBUG", "INFO")])

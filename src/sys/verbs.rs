@@ -191,10 +191,7 @@ static VERBS: OnceLock<Result<Verbs, LoadError>> = OnceLock::new();
 pub fn get() -> Result<&'static Verbs, LoadError> {
     VERBS
         .get_or_init(|| {
-            let path = std::env::var("RIVET_IBVERBS_LIB")
-                .ok()
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| DEFAULT_LIB.to_string());
+            let path = crate::config::env("RIVET_IBVERBS_LIB").unwrap_or_else(|| DEFAULT_LIB.to_string());
             let v = Verbs::load(&path)?;
             if let Some(f) = v.fork_init {
                 // A no-op on kernels with native fork support; elsewhere it keeps registered
