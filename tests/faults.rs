@@ -187,6 +187,57 @@ fn an_invalid_setting_warns_with_what_it_accepts() {
     assert!(err.contains("RIVET_TIMEOUT=0 is invalid: it accepts an integer from 1 to 3600"), "{err}");
 }
 
+/// A flood of foreign clients gets a few WARNs and then a count, not a line each; partial
+/// connections from a client that knows the magic (some of its streams never come) are capped
+/// like half-open ones; the real peer still connects.
+#[test]
+fn a_flood_of_rejected_clients_is_rate_limited_and_partial_connections_are_capped() {
+    const NAME: &str = "a_flood_of_rejected_clients_is_rate_limited_and_partial_connections_are_capped";
+    let Some((ok, err)) = in_child(NAME, &[]) else {
+        use nccl_net_rivet::proto::Hello;
+        let ctx = init();
+        let (mut h, lc) = listen(&ctx);
+        let addr = listen_addr(&h);
+        let magic = Handle::decode(&h).unwrap().magic;
+        let drive = |n: usize| {
+            for _ in 0..n {
+                let (r, c) = accept_once(lc);
+                assert_eq!(r, 0);
+                assert!(c.is_null());
+            }
+        };
+        // 300 clients that speak garbage.
+        for _ in 0..300 {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(&[0x47; 32]).unwrap();
+            drive(2);
+        }
+        drive(50);
+        // 300 partial connections: stream 0 of 2, the right magic, never stream 1.
+        let fds0 = open_fds();
+        let mut keep = Vec::new();
+        for i in 0..300u64 {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(&Hello { listen_magic: magic, conn_id: 1000 + i, stream: 0, nstreams: 2, min_chunk: 131072 }.encode()).unwrap();
+            keep.push(s);
+            drive(2);
+        }
+        drive(50);
+        let held = open_fds() - fds0 - keep.len();
+        assert!(held <= 256 + 8, "the listen comm holds {held} partial connections' sockets");
+        let (sc, rc) = pair(&ctx, &mut h, lc);
+        roundtrip(sc, rc, 1 << 16);
+        close(sc, rc, lc);
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    let one_by_one = err.matches("rejected a connection from").count();
+    assert_eq!(one_by_one, 8, "the first 8 rejections are WARNed one by one, the rest counted:\n{err}");
+    assert!(err.contains("further rejections on this socket are counted and reported once per 10 s"), "{err}");
+    assert!(err.contains("more connection(s) in the last") && err.contains("too many partial connections (1 of 2 streams arrived)"), "the count, with the last reason, when the listen comm closes:\n{err}");
+    assert!(err.lines().count() < 40, "{} lines:\n{err}", err.lines().count());
+}
+
 /// A value that is not valid UTF-8 is invalid like any other (a WARN, the default), never taken
 /// as unset without a word: with NCCL_SOCKET_IFNAME that would silently drop the filter.
 #[test]

@@ -49,6 +49,58 @@ struct Group {
 
 /// Most half-open connections a listen comm keeps; beyond this the oldest is dropped.
 const MAX_PENDING: usize = 256;
+/// Most partial connections (a rivet client with some of its streams in) a listen comm keeps.
+const MAX_GROUPS: usize = 256;
+/// Rejections WARNed one by one per listen comm; after these, one summary line per interval.
+const REJECT_WARNS: u32 = 8;
+const REJECT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The WARNs of a listen comm's rejections, rate-limited: a flood of foreign clients must not
+/// flood the job's log. The first few are WARNed each; after that they are counted, and one line
+/// per interval says how many and the last one's peer and reason.
+struct RejectLog {
+    warned: u32,
+    counted: u64,
+    since: Instant,
+    last: Option<(SocketAddr, String)>,
+}
+
+impl RejectLog {
+    fn new() -> RejectLog {
+        RejectLog { warned: 0, counted: 0, since: Instant::now(), last: None }
+    }
+
+    fn note(&mut self, addr: SocketAddr, peer: SocketAddr, why: &str) {
+        if self.warned < REJECT_WARNS {
+            self.warned += 1;
+            let more = if self.warned == REJECT_WARNS {
+                format!("; further rejections on this socket are counted and reported once per {} s", REJECT_INTERVAL.as_secs())
+            } else {
+                String::new()
+            };
+            log::warn!("NET/rivet: listen socket {addr}: rejected a connection from {peer}: {why}; the listen comm keeps accepting{more}");
+            self.since = Instant::now();
+            return;
+        }
+        self.counted += 1;
+        self.last = Some((peer, why.to_string()));
+        if self.since.elapsed() >= REJECT_INTERVAL {
+            self.flush(addr);
+        }
+    }
+
+    fn flush(&mut self, addr: SocketAddr) {
+        if let Some((peer, why)) = self.last.take() {
+            log::warn!(
+                "NET/rivet: listen socket {addr}: rejected {} more connection(s) in the last {:.0} s (the last from {peer}: {why}); the listen comm keeps accepting",
+                self.counted,
+                self.since.elapsed().as_secs_f64()
+            );
+        }
+        self.counted = 0;
+        self.since = Instant::now();
+    }
+}
 
 /// A connection whose TCP handshake is done: the streams, in order, and the peer.
 pub struct Link {
@@ -64,6 +116,13 @@ pub struct Listener {
     timeout: Duration,
     pending: Vec<Pending>,
     groups: Vec<Group>,
+    rejects: RejectLog,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.rejects.flush(self.addr);
+    }
 }
 
 impl Listener {
@@ -72,14 +131,11 @@ impl Listener {
             .map_err(|e| Error::system(format!("listen on {} ({}): {e}", iface.name, iface.addr)))?;
         let magic = random_u64();
         let h = Handle { transport, magic, addr };
-        Ok((Listener { fd, addr, magic, timeout, pending: Vec::new(), groups: Vec::new() }, h))
+        Ok((Listener { fd, addr, magic, timeout, pending: Vec::new(), groups: Vec::new(), rejects: RejectLog::new() }, h))
     }
 
-    fn reject(&self, p: &Pending, why: &str) {
-        log::warn!(
-            "NET/rivet: listen socket {}: rejected a connection from {}: {why}; the listen comm keeps accepting",
-            self.addr, p.peer
-        );
+    fn reject(&mut self, p: &Pending, why: &str) {
+        self.rejects.note(self.addr, p.peer, why);
     }
 
     /// Non-blocking: returns a receive connection once a connector's streams have all arrived and
@@ -153,6 +209,12 @@ impl Listener {
         let gi = match self.groups.iter().position(|g| g.conn_id == h.conn_id) {
             Some(gi) => gi,
             None => {
+                if self.groups.len() >= MAX_GROUPS {
+                    // The oldest partial connection goes (its streams are closed with it).
+                    let old = self.groups.remove(0);
+                    let why = format!("too many partial connections ({} of {} streams arrived)", old.have, old.streams.len());
+                    self.rejects.note(self.addr, old.peer, &why);
+                }
                 self.groups.push(Group {
                     conn_id: h.conn_id,
                     min_chunk: h.min_chunk as usize,
@@ -184,17 +246,12 @@ impl Listener {
         for p in &old {
             self.reject(p, &format!("no complete handshake within RIVET_TIMEOUT={}s ({} bytes received)", t.as_secs(), p.got));
         }
-        let addr = self.addr;
-        self.groups.retain(|g| {
-            let alive = g.since.elapsed() <= t;
-            if !alive {
-                log::warn!(
-                    "NET/rivet: listen socket {addr}: dropped a connection from {}: only {} of {} streams arrived within RIVET_TIMEOUT={}s",
-                    g.peer, g.have, g.streams.len(), t.as_secs()
-                );
-            }
-            alive
-        });
+        let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.groups).into_iter().partition(|g| g.since.elapsed() > t);
+        self.groups = keep;
+        for g in &old {
+            let why = format!("only {} of {} streams arrived within RIVET_TIMEOUT={}s", g.have, g.streams.len(), t.as_secs());
+            self.rejects.note(self.addr, g.peer, &why);
+        }
     }
 
     fn finish_group(&mut self) -> Result<Option<Link>> {
