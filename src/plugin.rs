@@ -15,7 +15,8 @@ use crate::transport::verbs::dev::IbPort;
 use crate::transport::verbs::{self, Setup};
 use crate::staging::{NoRegistration, Registrar, Staged};
 use crate::transport::{Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -385,7 +386,59 @@ fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> {
     Ok(unsafe { &mut *(handle as *mut [u8; HANDLE_SIZE]) })
 }
 
+/// A connector in progress: its stage (registered as `Obj::Connector(cookie)`), when NCCL last
+/// called connect for it, and whom it connects to.
+struct Connecting {
+    stage: usize,
+    cookie: u64,
+    last: Instant,
+    peer: std::net::SocketAddr,
+}
+
+/// Every connect call holds this lock for its whole run, so reaping never frees a stage another
+/// call is using. NCCL may give up on a peer after a few connect calls and never call again; the
+/// stage's sockets would then stay open for the life of the process.
+static CONNECTING: Mutex<Vec<Connecting>> = Mutex::new(Vec::new());
+/// The stages reaped lately (pointer, cookie), so that a later call with such a handle is told why.
+static REAPED: Mutex<VecDeque<(usize, u64)>> = Mutex::new(VecDeque::new());
+
+fn connecting() -> MutexGuard<'static, Vec<Connecting>> {
+    CONNECTING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Free the connectors NCCL has not called for RIVET_TIMEOUT (all but `keep`, the one being
+/// called now), with a WARN each.
+fn reap_connectors(g: &mut Vec<Connecting>, keep: Option<(usize, u64)>) {
+    let t = config::get().timeout();
+    let mut i = 0;
+    while i < g.len() {
+        let c = &g[i];
+        if Some((c.stage, c.cookie)) == keep || c.last.elapsed() <= t {
+            i += 1;
+            continue;
+        }
+        let c = g.swap_remove(i);
+        if unregister(c.stage, Obj::Connector(c.cookie)) {
+            // SAFETY: the stage was registered by connect and just unregistered here, under the
+            // lock every connect call holds: nobody else can reach it.
+            drop(unsafe { Box::from_raw(c.stage as *mut Stage) });
+        }
+        log::warn!(
+            "NET/rivet: connect to {}: abandoned: NCCL has not called connect for it for {:.0} s (more than RIVET_TIMEOUT={}s); its sockets are closed and a later call with its handle fails",
+            c.peer,
+            c.last.elapsed().as_secs_f64(),
+            t.as_secs()
+        );
+        let mut r = REAPED.lock().unwrap_or_else(|p| p.into_inner());
+        if r.len() >= 1024 {
+            r.pop_front();
+        }
+        r.push_back((c.stage, c.cookie));
+    }
+}
+
 pub fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
+    reap_connectors(&mut connecting(), None);
     let d = device(dev)?;
     let buf = handle_buf(handle)?;
     let (l, h) = Listener::new(&d.iface, transport_of(d), config::get().timeout())?;
@@ -404,11 +457,25 @@ pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Resu
     // A foreign or corrupted handle is reported as such, whatever its stage bytes hold.
     let h = Handle::decode(buf).map_err(|e| Error::usage(format!("connect: {e}")))?;
     let (sp, cookie) = proto::stage_get(buf);
+    let mut g = connecting();
+    reap_connectors(&mut g, Some((sp as usize, cookie)));
     let conn_ptr = if sp != 0 {
         if !is_live(sp as usize, Obj::Connector(cookie)) {
+            let reaped = REAPED.lock().unwrap_or_else(|p| p.into_inner()).contains(&(sp as usize, cookie));
+            if reaped {
+                // The next call with this handle starts a new connect.
+                proto::stage_set(buf, 0, 0);
+                return Err(Error::remote(format!(
+                    "connect to {}: this connect was abandoned (no call for more than RIVET_TIMEOUT) and its state released; the peer never completed the connection",
+                    h.addr
+                )));
+            }
             return Err(Error::internal(
                 "the handle carries a connect stage this process does not know (a handle reused across processes while its connect was in progress?)",
             ));
+        }
+        if let Some(c) = g.iter_mut().find(|c| c.stage == sp as usize && c.cookie == cookie) {
+            c.last = Instant::now();
         }
         sp as *mut Stage
     } else {
@@ -426,6 +493,7 @@ pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Resu
         let cookie = socket::random_u64();
         register(p as usize, Obj::Connector(cookie));
         proto::stage_set(buf, p as u64, cookie);
+        g.push(Connecting { stage: p as usize, cookie, last: Instant::now(), peer: h.addr });
         p
     };
     let stage = unsafe { &mut *conn_ptr };
@@ -441,9 +509,10 @@ pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Resu
             Stage::Verbs(s) => return s.poll(),
         }
     })();
-    let finish = |buf: &mut [u8; HANDLE_SIZE]| {
+    let mut finish = |buf: &mut [u8; HANDLE_SIZE]| {
         let (_, cookie) = proto::stage_get(buf);
         unregister(conn_ptr as usize, Obj::Connector(cookie));
+        g.retain(|c| !(c.stage == conn_ptr as usize && c.cookie == cookie));
         proto::stage_set(buf, 0, 0);
         drop(unsafe { Box::from_raw(conn_ptr) });
     };
@@ -469,6 +538,7 @@ fn listen_comm<'a>(p: *mut c_void) -> Result<&'a ListenComm> {
 
 /// Non-blocking accept: Ok(null) until a connection has fully arrived.
 pub fn accept(lc: *mut c_void) -> Result<*mut c_void> {
+    reap_connectors(&mut connecting(), None);
     let l = listen_comm(lc)?;
     let mut g = l.inner.lock().map_err(|_| Error::internal("listen comm unusable after an earlier internal error"))?;
     let d = device(l.dev)?;

@@ -187,6 +187,41 @@ fn an_invalid_setting_warns_with_what_it_accepts() {
     assert!(err.contains("RIVET_TIMEOUT=0 is invalid: it accepts an integer from 1 to 3600"), "{err}");
 }
 
+/// NCCL may call connect a few times against a peer that never answers and then never again:
+/// after RIVET_TIMEOUT without a call, the connector's sockets are closed with a WARN (at the next
+/// connect, accept or listen), and a later call with that handle gets an error, not a crash.
+#[test]
+fn an_abandoned_connect_is_reaped() {
+    let Some((ok, err)) = in_child("an_abandoned_connect_is_reaped", &[("RIVET_TIMEOUT", "1")]) else {
+        let ctx = init();
+        // A listen comm that never accepts: the connector's hello is never answered.
+        let (h, lc) = listen(&ctx);
+        let fds0 = open_fds();
+        let mut h1 = h;
+        for _ in 0..3 {
+            let (r, c) = connect_once(&ctx, &mut h1);
+            assert_eq!(r, 0);
+            assert!(c.is_null(), "no accept, so no connection");
+        }
+        assert!(open_fds() > fds0, "the connector holds its sockets");
+        std::thread::sleep(Duration::from_millis(2500));
+        // Any later listen (or connect, or accept) reaps it.
+        let (_h2, lc2) = listen(&ctx);
+        assert_eq!(open_fds(), fds0 + 1, "only the new listen socket is left");
+        let (r, c) = connect_once(&ctx, &mut h1);
+        assert_ne!(r, 0, "a call with the abandoned handle fails");
+        assert!(c.is_null());
+        unsafe {
+            assert_eq!(t().closeListen.unwrap()(lc), 0);
+            assert_eq!(t().closeListen.unwrap()(lc2), 0);
+        }
+        return;
+    };
+    assert!(ok, "child failed:\n{err}");
+    assert!(err.contains("abandoned: NCCL has not called connect for it for") && err.contains("RIVET_TIMEOUT=1s"), "{err}");
+    assert!(err.contains("this connect was abandoned (no call for more than RIVET_TIMEOUT) and its state released"), "{err}");
+}
+
 /// A flood of foreign clients gets a few WARNs and then a count, not a line each; partial
 /// connections from a client that knows the magic (some of its streams never come) are capped
 /// like half-open ones; the real peer still connects.
