@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --all-targets
 cargo test --release --no-fail-fast
+# The soak over TCP: random traffic both ways, every byte checked, no growth of RSS, fds or threads
+# (RIVET_SOAK_MINUTES, default 3).
+NCCL_SOCKET_IFNAME=lo target/release/rivet soak --minutes "${RIVET_SOAK_MINUTES:-3}"
 # The README's first command, exactly as written, in a clean copy of the tree.
 bash ci/readme-first.sh
 # The release tarballs (make dist): glibc 2.17 symbol versions, and the conformance driver against

@@ -191,3 +191,29 @@ fn allreduce_prints_all_reduce_perf_layout() {
     // The rows print 2 decimals; the average is of the unrounded values.
     assert!((avg - mean).abs() < 0.01, "avg {avg} vs rows {mean}");
 }
+
+/// `rivet soak`: a short run passes with every byte checked and nothing grown; a flipped byte
+/// (the check's own test) fails it.
+#[test]
+fn soak_checks_every_byte() {
+    let o = rivet(&["soak", "--minutes", "0.1", "--max-size", "4M", "--seed", "7"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    for phase in ["host", "staged"] {
+        for rank in 0..2 {
+            let line = out.lines().find(|l| l.starts_with(&format!("# soak {phase} rank {rank}: "))).unwrap_or_else(|| panic!("{out}"));
+            assert!(line.contains(" 0 wrong bytes") && line.ends_with("PASS"), "{line}");
+            assert!(line.contains("after close: ") && line.contains("fds +0, threads +0"), "{line}");
+        }
+    }
+    assert!(out.contains("seed 7") && out.trim_end().ends_with("# rivet soak: PASS"), "{out}");
+    let o = Command::new(env!("CARGO_BIN_EXE_rivet"))
+        .args(["soak", "--minutes", "0.05", "--max-size", "1M", "--buffers", "host"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("RIVET_SOAK_FLIP", "1")
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(out.contains(" 1 wrong bytes") && out.trim_end().ends_with("# rivet soak: FAIL"), "{out}");
+}

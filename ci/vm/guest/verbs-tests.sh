@@ -86,6 +86,8 @@ step faults ./faults --test-threads=1 \
   garbage_from_a_foreign_client wrong_magic truncated_handshake silent_client \
   closing_with_requests_in_flight an_invalid_setting
 step allreduce ./rivet allreduce -n 4 --lib $LIB -b 8 -e 4M -f 8 --iters 3 --warmup 1
+# The soak over verbs (rxe0 <-> rxe1), host then staged buffers: every byte checked, no growth.
+step soak ./rivet soak --lib $LIB --dev 0,1 --minutes ${RIVET_SOAK_MINUTES:-3} --max-size 4M
 # Last, because it takes the wire down: the link fails mid-transfer. rivet perf must fail within
 # a bounded time (no hang), and the WARNs must say the port went down (the PORT_ERR asynchronous
 # event, or the port's state when the event has not arrived yet).

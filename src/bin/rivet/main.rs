@@ -5,6 +5,7 @@ mod doctor;
 mod net;
 mod peer;
 mod perf;
+mod soak;
 mod topo;
 
 use clap::{Args, Parser, Subcommand};
@@ -42,6 +43,8 @@ enum Cmd {
     Perf(perf::Opts),
     /// The plugin's devices and their properties, as NCCL sees them
     Info(LibOpt),
+    /// Two ranks stream both ways for N minutes: random sizes, tags, groups and windows, every byte checked, host then staged buffers; fails on any error or growth of RSS, fds or threads
+    Soak(soak::Opts),
     /// Every environment variable rivet reads, with its default and the value in effect
     Config,
     /// The GPU x NIC PCIe topology (the shape of `nvidia-smi topo -m`), from sysfs or an example machine
@@ -97,9 +100,13 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 
 /// Run `mode` on `n` local ranks of this executable, each given this command line again.
 fn launch(n: usize, lib: &LibOpt) -> Res<u64> {
+    launch_env(n, lib, &[], Duration::from_secs(600))
+}
+
+fn launch_env(n: usize, lib: &LibOpt, env: &[(&str, String)], timeout: Duration) -> Res<u64> {
     let lib = net::find_library(lib.lib.as_deref())?;
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    peer::launch(n, &lib, &argv, Duration::from_secs(600))
+    peer::launch(n, &lib, &argv, env, timeout)
 }
 
 fn run(cli: Cli) -> Res<i32> {
@@ -111,6 +118,7 @@ fn run(cli: Cli) -> Res<i32> {
             let wrong = match inner.cmd {
                 Cmd::Perf(o) => perf::peer(&p.lib, p.rank, p.nranks, &o)?,
                 Cmd::Allreduce(o) => allreduce::peer(&p.lib, p.rank, p.nranks, &o)?,
+                Cmd::Soak(o) => soak::peer(&p.lib, p.rank, p.nranks, &o)?,
                 _ => return Err("peer: not a multi-process mode".into()),
             };
             println!("DONE wrong={wrong}");
@@ -132,6 +140,31 @@ fn run(cli: Cli) -> Res<i32> {
             o.check()?;
             let wrong = launch(o.nprocs as usize, &o.common.lib)?;
             Ok(if wrong == 0 { 0 } else { 1 })
+        }
+        Cmd::Soak(o) => {
+            o.check()?;
+            let seed = o.seed.unwrap_or_else(|| {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+            });
+            let phases: &[&str] = match o.buffers.as_str() {
+                "host" => &["host"],
+                "staged" => &["staged"],
+                _ => &["host", "staged"],
+            };
+            let secs = o.minutes * 60.0 / phases.len() as f64;
+            println!("# rivet soak: {} min, messages 0 B to {} B, seed {seed} (repeat with --seed {seed})", o.minutes, o.max_size);
+            let mut bad = 0;
+            for phase in phases {
+                let mut env = vec![("RIVET_SOAK_SECS", secs.to_string()), ("RIVET_SOAK_SEED", seed.to_string()), ("RIVET_SOAK_PHASE", phase.to_string())];
+                if *phase == "staged" {
+                    env.push(("RIVET_STAGE_HOST", "1".into()));
+                }
+                // Bounded: the run, the rounds after the deadline, and setup.
+                let limit = Duration::from_secs_f64(secs + 120.0 + 2.0 * nccl_net_rivet::config::get().timeout_secs as f64);
+                bad += launch_env(2, &o.common.lib, &env, limit)?;
+            }
+            println!("# rivet soak: {}", if bad == 0 { "PASS" } else { "FAIL" });
+            Ok(if bad == 0 { 0 } else { 1 })
         }
         Cmd::Info(l) => {
             let lib = net::find_library(l.lib.as_deref())?;

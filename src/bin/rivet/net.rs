@@ -164,6 +164,43 @@ impl Net {
         })
     }
 
+    /// One isend attempt: None is the plugin's back-pressure (try again later).
+    pub fn try_isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<Option<*mut c_void>> {
+        let mut req = std::ptr::null_mut();
+        check("isend", unsafe { self.t.isend.unwrap()(sc, p as *mut c_void, size, tag, mh, std::ptr::null_mut(), &mut req) })?;
+        Ok((!req.is_null()).then_some(req))
+    }
+
+    /// One attempt at a grouped receive of `bufs` (pointer, size, tag, memory handle each).
+    pub fn try_irecv_group(&self, rc: *mut c_void, bufs: &[(*mut u8, usize, i32, *mut c_void)]) -> Res<Option<*mut c_void>> {
+        let mut data: Vec<*mut c_void> = bufs.iter().map(|b| b.0 as *mut c_void).collect();
+        let mut sizes: Vec<usize> = bufs.iter().map(|b| b.1).collect();
+        let mut tags: Vec<i32> = bufs.iter().map(|b| b.2).collect();
+        let mut mhs: Vec<*mut c_void> = bufs.iter().map(|b| b.3).collect();
+        let mut req = std::ptr::null_mut();
+        check("irecv", unsafe {
+            self.t.irecv.unwrap()(
+                rc,
+                bufs.len() as i32,
+                data.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                tags.as_mut_ptr(),
+                mhs.as_mut_ptr(),
+                std::ptr::null_mut(),
+                &mut req,
+            )
+        })?;
+        Ok((!req.is_null()).then_some(req))
+    }
+
+    /// Test a request of `sizes.len()` buffers (1 for a send); true once done, with the size of
+    /// each buffer's message in `sizes`.
+    pub fn test_n(&self, req: *mut c_void, sizes: &mut [i32]) -> Res<bool> {
+        let mut done = 0;
+        check("test", unsafe { self.t.test.unwrap()(req, &mut done, sizes.as_mut_ptr()) })?;
+        Ok(done != 0)
+    }
+
     /// Some(size) once the request is done.
     pub fn test(&self, req: *mut c_void) -> Res<Option<usize>> {
         let (mut done, mut size) = (0, 0);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// Run `n` local peers of this executable, each given the launcher's own subcommand line `argv`
 /// and the library `lib` it resolved; returns the total #wrong reported by the peers.
-pub fn launch(n: usize, lib: &std::path::Path, argv: &[String], timeout: Duration) -> Res<u64> {
+pub fn launch(n: usize, lib: &std::path::Path, argv: &[String], env: &[(&str, String)], timeout: Duration) -> Res<u64> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
     let mut kids: Vec<Child> = Vec::new();
@@ -23,6 +23,7 @@ pub fn launch(n: usize, lib: &std::path::Path, argv: &[String], timeout: Duratio
     for r in 0..n {
         let mut c = Command::new(&exe);
         c.arg("__peer").arg(r.to_string()).arg(n.to_string()).arg(lib).arg("--").args(argv);
+        c.envs(env.iter().map(|(k, v)| (k, v)));
         c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = c.spawn().map_err(|e| format!("spawn {}: {e}", exe.display()))?;
         let out = child.stdout.take().unwrap();
@@ -171,6 +172,11 @@ impl Ring {
         if self.rank == 0 {
             println!("OUT {s}");
         }
+    }
+
+    /// A line the launcher prints whichever rank says it.
+    pub fn out_any(&self, s: &str) {
+        println!("OUT {s}");
     }
 
     /// Test every request until all are done.
