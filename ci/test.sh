@@ -22,5 +22,7 @@ if [ "${RIVET_SKIP_DIST:-0}" != 1 ]; then
 fi
 if [ "${RIVET_SKIP_VM:-0}" != 1 ]; then
   bash ci/vm-test.sh
+  # Impaired links: loss, reordering, delay and jitter, duplication, corruption; link flaps.
+  bash ci/vm-test.sh impair.sh
 fi
 echo "ci/test.sh: all tests passed"

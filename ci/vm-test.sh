@@ -5,6 +5,9 @@
 # rxe0<->rxe1 (across the veth pair) and rxe0<->rxe0 (loopback), the stale-rkey fault, the fault
 # tests, and `rivet allreduce -n 4`. Exit status: the number of failed steps (0 = all passed).
 #
+#   ci/vm-test.sh [GUEST_SCRIPT]   default verbs-tests.sh; impair.sh runs the impaired-link suite
+#                                  (tc netem on the veth pair, link flaps; see the script)
+#
 # Needs: the release build (ci/test.sh does it), cc, and qemu-system-x86 (installed here with
 # apt-get when missing). The VM image is built from Debian's packages on first use and cached in
 # $RIVET_VM_CACHE (default /var/cache/rivet-vm).
@@ -28,11 +31,13 @@ cp target/release/libnccl_net_rivet.so "$share/libnccl-net-rivet.so"
 cp target/release/rivet "$faults" "$share/"
 mv "$share/$(basename "$faults")" "$share/faults"
 cc -std=gnu11 -O2 -Wall -Wextra -Werror nccl-tests/conformance.c -o "$share/conformance" -ldl
-cp ci/vm/guest/verbs-tests.sh "$share/"
-log=target/vm/verbs-tests.log
+guest=${1:-verbs-tests.sh}
+[ -f "ci/vm/guest/$guest" ] || { echo "vm-test: no guest script ci/vm/guest/$guest" >&2; exit 2; }
+cp "ci/vm/guest/$guest" ci/vm/guest/lib.sh "$share/"
+log=target/vm/${guest%.sh}.log
 rc=0
-ci/vm/run-vm.sh --share "$share" --mtu 9000 --timeout "${RIVET_VM_TIMEOUT:-1800}" /mnt/host/verbs-tests.sh > "$log" 2>&1 || rc=$?
-grep -E '^VERBS |^=== summary|VERBS_FAILED|RXE_RESULT|run-vm:' "$log" | grep -v '^run-vm: qemu' || true
+ci/vm/run-vm.sh --share "$share" --mtu 9000 --timeout "${RIVET_VM_TIMEOUT:-1800}" "/mnt/host/$guest" > "$log" 2>&1 || rc=$?
+grep -E '^VERBS |^IMPAIR |^TABLE |^=== (summary|table)|VERBS_FAILED|IMPAIR_FAILED|RXE_RESULT|run-vm:' "$log" | grep -v '^run-vm: qemu' || true
 if [ "$rc" != 0 ]; then
   echo "vm-test: FAILED (exit $rc); the VM's console log ($log) follows"
   cat "$log"

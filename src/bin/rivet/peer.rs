@@ -49,13 +49,21 @@ pub fn launch(n: usize, lib: &std::path::Path, argv: &[String], env: &[(&str, St
     let mut sent_peers = false;
     let mut finished = 0;
     let mut wrong = 0u64;
-    let mut failed: Option<String> = None;
+    let mut failed: Vec<String> = Vec::new();
+    // Once a rank fails, the others get a grace period to finish or fail on their own (each with
+    // its own error, which says what that side saw), then they are killed.
+    let grace = Duration::from_secs(nccl_net_rivet::config::get().timeout_secs * 2 + 5);
+    let mut deadline = deadline;
     while finished < n {
         let left = deadline.saturating_duration_since(Instant::now());
         let msg = match rx.recv_timeout(left) {
             Ok(m) => m,
             Err(_) => {
-                failed = Some(format!("timed out after {}s", timeout.as_secs()));
+                if failed.is_empty() {
+                    failed.push(format!("timed out after {}s", timeout.as_secs()));
+                } else {
+                    failed.push(format!("the other rank(s) did not end within {}s of that, and were killed", grace.as_secs()));
+                }
                 break;
             }
         };
@@ -85,18 +93,18 @@ pub fn launch(n: usize, lib: &std::path::Path, argv: &[String], env: &[(&str, St
             (r, None) => {
                 finished += 1;
                 let st = kids[r].wait().map_err(|e| e.to_string())?;
-                if !st.success() && failed.is_none() {
-                    failed = Some(format!("rank {r} failed ({st})"));
+                if !st.success() {
+                    if failed.is_empty() {
+                        deadline = deadline.min(Instant::now() + grace);
+                    }
+                    failed.push(format!("rank {r} failed ({st})"));
                 }
             }
         }
-        if failed.is_some() {
-            break;
-        }
     }
-    if let Some(f) = failed {
+    if !failed.is_empty() {
         kill_all(&mut kids);
-        return Err(f);
+        return Err(failed.join("; "));
     }
     for k in kids.iter_mut() {
         let _ = k.wait();
@@ -128,7 +136,11 @@ impl Ring {
     /// sends the launcher its line for nccl-tests' `# Using devices` list, which the launcher
     /// prints in rank order once every rank has joined.
     pub fn join(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], describe: bool) -> Res<Ring> {
-        let net = Net::load(lib)?;
+        Self::join_with(Net::load(lib)?, rank, nranks, devs, describe)
+    }
+
+    /// As [`Ring::join`], with the plugin already loaded (and initialized).
+    pub fn join_with(net: Net, rank: usize, nranks: usize, devs: &[i32], describe: bool) -> Res<Ring> {
         let ndev = net.ndev()?;
         let dev = devs.get(rank % devs.len().max(1)).copied().unwrap_or(0);
         if dev >= ndev {
@@ -203,9 +215,19 @@ impl Ring {
     }
 }
 
+impl Ring {
+    /// Close the comms (once; drop does it otherwise), keeping the plugin loaded.
+    pub fn close(&mut self) {
+        if !self.listen.is_null() {
+            self.net.close(self.send, self.recv, self.listen);
+            self.listen = std::ptr::null_mut();
+        }
+    }
+}
+
 impl Drop for Ring {
     fn drop(&mut self) {
-        self.net.close(self.send, self.recv, self.listen);
+        self.close();
     }
 }
 

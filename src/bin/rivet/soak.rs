@@ -184,9 +184,12 @@ pub struct Totals {
 /// One phase (host or staged) on this rank, for `secs` seconds.
 pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<u64> {
     let devs: Vec<i32> = o.common.dev.iter().map(|&d| d as i32).collect();
-    // Before the plugin is loaded: what must come back after its comms are closed.
+    // With the plugin loaded and initialized (its devices open: a process-wide cost, paid once),
+    // before any connection: what must come back after the comms are closed.
+    let net = crate::net::Net::load(lib)?;
+    net.ndev()?;
     let before = counts();
-    let r = Ring::join(lib, rank, nranks, &devs, false)?;
+    let mut r = Ring::join_with(net, rank, nranks, &devs, false)?;
     let secs = std::env::var("RIVET_SOAK_SECS").ok().and_then(|s| s.parse::<f64>().ok()).ok_or("soak: the launcher did not say how long")?;
     let seed = std::env::var("RIVET_SOAK_SEED").ok().and_then(|s| s.parse::<u64>().ok()).ok_or("soak: no seed")?;
     let phase = std::env::var("RIVET_SOAK_PHASE").unwrap_or_default();
@@ -416,10 +419,12 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     net.dereg(r.send, sarena.mh)?;
     net.dereg(r.recv, rarena.mh)?;
     let peak_rss = peak.rss_kib.max(end.rss_kib);
-    drop(r);
+    // The comms closed (the plugin stays loaded, as it does in NCCL between communicators).
+    r.close();
     drop((sarena, rarena));
-    // After the comms are closed and the plugin finalized: back where the rank started.
+    // Back where the rank started.
     let after = counts();
+    drop(r);
     let (drss, dfds, dthr) = (grow(after.rss_kib, before.rss_kib), grow(after.fds, before.fds), grow(after.threads, before.threads));
     let bad_counts = (rfds > 0) as u64 + (rthr > 0) as u64 + (drss > 16 * 1024) as u64 + (dfds > 0) as u64 + (dthr > 0) as u64;
     let bad = tot.wrong + bad_counts;

@@ -46,8 +46,10 @@ const SIGNAL_EVERY: u32 = 32;
 /// How long completions may still arrive after the peer's socket closed.
 const EOF_GRACE: Duration = Duration::from_millis(500);
 /// How long a failed completion of the kind a dead link causes waits for the port's state or
-/// PORT_ERR event to say so, before the error is reported without a cause.
-const CAUSE_WAIT: Duration = Duration::from_millis(300);
+/// PORT_ERR event to say so, before the error is reported without a cause. Packets stop before
+/// the kernel marks the port down, and on a loaded host (two polling ranks on two emulated CPUs)
+/// `ip link set down` can take hundreds of milliseconds to get there.
+const CAUSE_WAIT: Duration = Duration::from_millis(1500);
 const LIVENESS_EVERY: Duration = Duration::from_millis(10);
 /// Idle calls between two looks at the clock.
 const IDLE_CALLS: u32 = 64;

@@ -1,0 +1,119 @@
+#!/bin/sh
+# rivet over impaired links, inside the Soft-RoCE guest (busybox sh). Run by ci/vm-impair.sh.
+# For each impairment, applied with tc netem on both ends of the veth pair (so on every packet
+# either way), over RDMA verbs (rxe0 <-> rxe1) and over TCP (veth0 <-> veth1):
+#   - conformance driver cases that move data (sizes, bigrecv, outstanding, group);
+#   - rivet soak (every byte checked, both directions, host buffers);
+#   - rivet perf at 1 MiB: the bandwidth and the 8-byte latency, for the table.
+# Then link flaps (100 % loss for a while): one shorter than the retry budget must be survived,
+# one longer must fail on both sides, within a bound, with a WARN that names the cause.
+# Prints "IMPAIR name PASS|FAIL" per step, "TABLE ..." rows, and exits with the failed count.
+cd /mnt/host || exit 2
+. ./lib.sh
+LIB=/mnt/host/libnccl-net-rivet.so
+TC=/usr/bin/tc
+export RIVET_TIMEOUT=10
+# rxe's retransmission timer follows the QP's timeout: 4.096 us x 2^14 = 67 ms per try, 7 tries.
+export NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=7
+failed=0
+results=
+table=
+
+impair() {  # impair NETEM-ARGS... | impair none
+  for d in veth0 veth1; do
+    $TC qdisc del dev $d root 2>/dev/null
+    [ "$1" = none ] || $TC qdisc add dev $d root netem "$@" || return 1
+  done
+}
+
+step() {  # step NAME COMMAND...
+  _name=$1; shift
+  now; _t0=$NOW
+  "$@" > /tmp/step.log 2>&1; _rc=$?
+  now; _dt=$(awk -v a=$_t0 -v b=$NOW 'BEGIN { printf "%.1f", b - a }')
+  if [ $_rc = 0 ]; then _v=PASS; else _v="FAIL rc=$_rc"; failed=$((failed + 1)); cat /tmp/step.log; fi
+  echo "IMPAIR $_name $_v (${_dt}s)"
+  results="$results
+IMPAIR $_name $_v (${_dt}s)"
+}
+
+verbs_env() { unset NCCL_IB_DISABLE NCCL_SOCKET_IFNAME; }
+tcp_env() { export NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=veth; }
+
+conf() {
+  for c in sizes bigrecv outstanding group; do
+    ./conformance --lib $LIB --api 12 --dev 0 --dev2 1 --case $c || return 1
+  done
+}
+soak() { ./rivet soak --lib $LIB --dev 0,1 --minutes 0.25 --max-size 1M --buffers host; }
+perf() {  # perf LABEL TRANSPORT: one table row
+  ./rivet perf --lib $LIB --dev 0,1 --sizes 1M --bytes 64M --lat-iters 200 > /tmp/perf.log 2>&1 || { cat /tmp/perf.log; return 1; }
+  cat /tmp/perf.log
+  _lat=$(sed -n 's/.*typical \([0-9.]*\) us.*/\1/p' /tmp/perf.log)
+  _bw=$(awk '!/^#/ && NF == 4 { print $4 }' /tmp/perf.log)
+  table="$table
+TABLE | $1 | $2 | $_bw | $_lat |"
+}
+
+for imp in "none" "loss 1%" "delay 2ms reorder 5% 50%" "delay 5ms 2ms" "duplicate 1%" "corrupt 0.1%"; do
+  label=$(echo "$imp" | tr ' ' '_')
+  impair $imp || { echo "IMPAIR netem-$label FAIL (tc netem $imp not available)"; failed=$((failed + 1)); continue; }
+  $TC qdisc show dev veth0 | sed 's/^/# /'
+  verbs_env
+  step "verbs-conformance-$label" conf
+  step "verbs-soak-$label" soak
+  step "verbs-perf-$label" perf "$imp" "RDMA verbs"
+  tcp_env
+  step "tcp-conformance-$label" conf
+  step "tcp-soak-$label" soak
+  step "tcp-perf-$label" perf "$imp" "TCP"
+  verbs_env
+done
+impair none
+# rxe counts the packets its ICRC check dropped; with 0.1 % corruption some must have been.
+for f in /sys/class/infiniband/rxe*/ports/1/hw_counters/rcvd_seq_err /sys/class/infiniband/rxe*/ports/1/hw_counters/*icrc*; do
+  [ -e "$f" ] && echo "# $f: $(cat $f)"
+done
+
+# Link flaps: 100 % loss on both ends for SECS while a stream runs. FLAP: the stream survives;
+# OUTAGE: it fails on both ranks within BOUND seconds of the outage's start, naming the cause.
+flap() {  # flap SECS expect(survive|fail) BOUND
+  ./rivet perf --lib $LIB --dev 0,1 --sizes 1M --bytes 2G --lat-iters 10 > /tmp/flap.log 2>&1 &
+  _p=$!
+  sleep 2
+  now; _t0=$NOW
+  impair loss 100%
+  sleep "$1"
+  impair none
+  _i=0; while kill -0 $_p 2>/dev/null && [ $_i -lt 1200 ]; do sleep 0.1; _i=$((_i + 1)); done
+  if kill -0 $_p 2>/dev/null; then echo "still running 120 s after the flap"; kill -9 $_p; cat /tmp/flap.log; return 1; fi
+  wait $_p; _rc=$?
+  now; _dt=$(awk -v a=$_t0 -v b=$NOW 'BEGIN { printf "%.1f", b - a }')
+  cat /tmp/flap.log
+  if [ "$2" = survive ]; then
+    [ $_rc = 0 ] || { echo "a ${1} s flap broke the stream"; return 1; }
+    grep -q WARN /tmp/flap.log && { echo "a ${1} s flap gave a WARN"; return 1; }
+    echo "survived a ${1} s flap (done ${_dt} s after it began)"
+    return 0
+  fi
+  [ $_rc != 0 ] || { echo "a ${1} s outage did not fail the stream"; return 1; }
+  grep -q "rank 0 failed" /tmp/flap.log && grep -q "rank 1 failed" /tmp/flap.log || { echo "not both ranks failed on their own"; return 1; }
+  awk -v d=$_dt -v b=$3 'BEGIN { exit !(d <= b) }' || { echo "the failure took ${_dt} s, more than $3 s"; return 1; }
+  grep -qE "unreachable|RETRY_EXC_ERR|no acknowledgement" /tmp/flap.log || { echo "no WARN names the cause"; return 1; }
+  echo "a ${1} s outage failed after ${_dt} s, naming the cause"
+}
+# The verbs retry budget: 7 tries x 67 ms; RIVET_TIMEOUT=10 for TCP.
+verbs_env
+step verbs-flap-0.2s flap 0.2 survive
+step verbs-outage-30s flap 30 fail 25
+tcp_env
+step tcp-flap-2s flap 2 survive
+step tcp-outage-40s flap 40 fail 35
+verbs_env
+
+echo "=== table (1 MiB streaming GB/s and 8-byte one-way latency in us, rivet perf --dev 0,1)"
+echo "TABLE | impairment | transport | GB/s | latency us |"
+echo "$table" | sed '/^$/d'
+echo "=== summary$results"
+echo "IMPAIR_FAILED=$failed"
+exit $failed
