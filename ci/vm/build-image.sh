@@ -228,7 +228,7 @@ done < <("$S/bin/busybox" --list-full)
 [ -e "$R/usr/sbin/modprobe" ] || ln -s ../bin/busybox "$R/usr/sbin/modprobe"   # kernel request_module()
 
 # real binaries; they replace busybox applets of the same name (ip)
-BINS=(ip rdma ibv_devinfo ibv_devices ibv_rc_pingpong ibv_ud_pingpong
+BINS=(ip tc rdma ibv_devinfo ibv_devices ibv_rc_pingpong ibv_ud_pingpong
       ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_send_bw ib_send_lat ib_atomic_bw ib_atomic_lat)
 findbin() { local d; for d in usr/bin bin usr/sbin sbin; do [ -f "$S/$d/$1" ] && { echo "$S/$d/$1"; return 0; }; done; return 1; }
 ELF_ROOTS=()

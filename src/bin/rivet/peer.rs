@@ -46,6 +46,7 @@ pub fn launch(n: usize, lib: &std::path::Path, argv: &[String], env: &[(&str, St
     let deadline = Instant::now() + timeout;
     let mut handles: Vec<Option<String>> = vec![None; n];
     let mut ranks: Vec<Option<String>> = vec![None; n];
+    let mut barrier = 0;
     let mut sent_peers = false;
     let mut finished = 0;
     let mut wrong = 0u64;
@@ -80,6 +81,15 @@ pub fn launch(n: usize, lib: &std::path::Path, argv: &[String], env: &[(&str, St
                             let next = handles[(i + 1) % n].as_ref().unwrap();
                             let stdin = k.stdin.as_mut().unwrap();
                             writeln!(stdin, "PEER {next}").map_err(|e| e.to_string())?;
+                        }
+                    }
+                } else if line == "BARRIER" {
+                    barrier += 1;
+                    if barrier == n {
+                        barrier = 0;
+                        for k in kids.iter_mut() {
+                            let stdin = k.stdin.as_mut().unwrap();
+                            writeln!(stdin, "GO").map_err(|e| e.to_string())?;
                         }
                     }
                 } else if let Some(d) = line.strip_prefix("RANK ") {
@@ -184,6 +194,19 @@ impl Ring {
         if self.rank == 0 {
             println!("OUT {s}");
         }
+    }
+
+    /// Wait until every rank has called this (the launcher answers when all have): so that no
+    /// rank closes its comms while another still has requests in flight on them.
+    pub fn barrier(&self) -> Res<()> {
+        println!("BARRIER");
+        std::io::stdout().flush().map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map_err(|e| e.to_string())?;
+        if line.trim() != "GO" {
+            return Err("launcher protocol error at the barrier".into());
+        }
+        Ok(())
     }
 
     /// A line the launcher prints whichever rank says it.

@@ -416,6 +416,9 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let grow = |a: u64, b: u64| a as i64 - b as i64;
     let (rfds, rthr) = (grow(end.fds, b.fds), grow(end.threads, b.threads));
     let secs_run = start.elapsed().as_secs_f64();
+    // Every rank done before any closes: a sender's last completion may still be on its way
+    // (its ACK lost and resent) when the receiver has everything.
+    r.barrier()?;
     net.dereg(r.send, sarena.mh)?;
     net.dereg(r.recv, rarena.mh)?;
     let peak_rss = peak.rss_kib.max(end.rss_kib);
