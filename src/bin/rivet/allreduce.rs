@@ -151,7 +151,7 @@ pub fn fmt_g(v: f64) -> String {
 }
 
 pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<u64> {
-    let devs: Vec<i32> = o.common.dev.iter().map(|&d| d as i32).collect();
+    let devs = o.common.devs();
     if rank == 0 {
         println!(
             "OUT # nThread 1 nGpus 1 minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} agg iters: 1 validation: {} graph: 0",
@@ -218,13 +218,14 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 allreduce(&r, &mut b, count, in_place)?;
                 let local = b.data[..count].iter().enumerate().filter(|(i, d)| **d != expected(nranks, *i)).count() as u64;
                 local_wrong_total += local;
-                ring_sum(&r, &mut b, local)?.to_string()
+                Some(ring_sum(&r, &mut b, local)?)
             } else {
-                "N/A".to_string()
+                None
             };
-            if wrong != "0" && wrong != "N/A" {
+            if wrong.is_some_and(|w| w > 0) {
                 failed_tests += 1;
             }
+            let wrong = wrong.map_or("N/A".to_string(), |w| w.to_string());
             row += &format!("  {}  {algbw:>6.2}  {busbw:>6.2}  {wrong:>5}", time_str(us));
             bw_sum += busbw;
             bw_count += 1;

@@ -27,8 +27,7 @@ const LONG_VERSION: &str = concat!(
     name = "rivet",
     version = LONG_VERSION,
     about = "rivet: an NCCL network plugin over RDMA verbs and TCP, and the tools to check it",
-    after_help = "The plugin is --lib PATH, $RIVET_LIB, or libnccl-net-rivet.so next to this executable (or in ../lib, or cargo's target directory).\nEnvironment variables (NCCL_*, RIVET_*): `rivet config`.",
-    disable_help_subcommand = false
+    after_help = "The plugin is --lib PATH, $RIVET_LIB, or libnccl-net-rivet.so next to this executable (or in ../lib, or cargo's target directory).\nEnvironment variables (NCCL_*, RIVET_*): `rivet config`."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -71,6 +70,13 @@ pub struct Common {
     /// Device of each rank: rank r uses the (r mod n)-th of the list (see `rivet info`)
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "0")]
     pub dev: Vec<u16>,
+}
+
+impl Common {
+    /// `--dev` as the plugin numbers devices.
+    pub fn devs(&self) -> Vec<i32> {
+        self.dev.iter().map(|&d| d as i32).collect()
+    }
 }
 
 #[derive(Args)]

@@ -135,14 +135,12 @@ impl Net {
         check("deregMr", unsafe { self.t.deregMr.unwrap()(comm, mh) })
     }
 
-    /// Call a posting function until it returns a request: a NULL request is the plugin's
+    /// Call a posting attempt until it returns a request: a NULL request is the plugin's
     /// back-pressure, retried until the timeout.
-    fn post(&self, what: &str, mut call: impl FnMut(&mut *mut c_void) -> ncclResult_t) -> Res<*mut c_void> {
+    fn post(&self, what: &str, mut attempt: impl FnMut() -> Res<Option<*mut c_void>>) -> Res<*mut c_void> {
         let deadline = Instant::now() + self.timeout;
         loop {
-            let mut req = std::ptr::null_mut();
-            check(what, call(&mut req))?;
-            if !req.is_null() {
+            if let Some(req) = attempt()? {
                 return Ok(req);
             }
             if Instant::now() > deadline {
@@ -152,16 +150,11 @@ impl Net {
     }
 
     pub fn isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
-        self.post("isend", |req| unsafe {
-            self.t.isend.unwrap()(sc, p as *mut c_void, size, tag, mh, std::ptr::null_mut(), req)
-        })
+        self.post("isend", || self.try_isend(sc, p, size, tag, mh))
     }
 
     pub fn irecv(&self, rc: *mut c_void, p: *mut u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
-        self.post("irecv", |req| {
-            let (mut data, mut sz, mut tg, mut m) = (p as *mut c_void, size, tag, mh);
-            unsafe { self.t.irecv.unwrap()(rc, 1, &mut data, &mut sz, &mut tg, &mut m, std::ptr::null_mut(), req) }
-        })
+        self.post("irecv", || self.try_irecv_group(rc, &[(p, size, tag, mh)]))
     }
 
     /// One isend attempt: None is the plugin's back-pressure (try again later).
@@ -171,12 +164,17 @@ impl Net {
         Ok((!req.is_null()).then_some(req))
     }
 
-    /// One attempt at a grouped receive of `bufs` (pointer, size, tag, memory handle each).
+    /// One attempt at a grouped receive of up to 8 buffers (pointer, size, tag, memory handle
+    /// each). The arrays NCCL's irecv takes live on the stack: posting allocates nothing.
     pub fn try_irecv_group(&self, rc: *mut c_void, bufs: &[(*mut u8, usize, i32, *mut c_void)]) -> Res<Option<*mut c_void>> {
-        let mut data: Vec<*mut c_void> = bufs.iter().map(|b| b.0 as *mut c_void).collect();
-        let mut sizes: Vec<usize> = bufs.iter().map(|b| b.1).collect();
-        let mut tags: Vec<i32> = bufs.iter().map(|b| b.2).collect();
-        let mut mhs: Vec<*mut c_void> = bufs.iter().map(|b| b.3).collect();
+        const MAX: usize = 8;
+        if bufs.is_empty() || bufs.len() > MAX {
+            return Err(format!("irecv of {} buffers: 1 to {MAX} are allowed", bufs.len()));
+        }
+        let (mut data, mut sizes, mut tags, mut mhs) = ([std::ptr::null_mut(); MAX], [0usize; MAX], [0i32; MAX], [std::ptr::null_mut(); MAX]);
+        for (i, b) in bufs.iter().enumerate() {
+            (data[i], sizes[i], tags[i], mhs[i]) = (b.0 as *mut c_void, b.1, b.2, b.3);
+        }
         let mut req = std::ptr::null_mut();
         check("irecv", unsafe {
             self.t.irecv.unwrap()(
@@ -203,9 +201,8 @@ impl Net {
 
     /// Some(size) once the request is done.
     pub fn test(&self, req: *mut c_void) -> Res<Option<usize>> {
-        let (mut done, mut size) = (0, 0);
-        check("test", unsafe { self.t.test.unwrap()(req, &mut done, &mut size) })?;
-        Ok((done != 0).then_some(size as usize))
+        let mut size = [0i32; 1];
+        Ok(self.test_n(req, &mut size)?.then_some(size[0] as usize))
     }
 
     pub fn close(&self, sc: *mut c_void, rc: *mut c_void, lc: *mut c_void) {

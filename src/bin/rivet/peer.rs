@@ -214,6 +214,14 @@ impl Ring {
         println!("OUT {s}");
     }
 
+    /// Close the comms (once; drop does it otherwise), keeping the plugin loaded.
+    pub fn close(&mut self) {
+        if !self.listen.is_null() {
+            self.net.close(self.send, self.recv, self.listen);
+            self.listen = std::ptr::null_mut();
+        }
+    }
+
     /// Test every request until all are done.
     pub fn wait_all(&self, reqs: &[*mut std::ffi::c_void]) -> Res<()> {
         let mut done = vec![false; reqs.len()];
@@ -235,16 +243,6 @@ impl Ring {
             }
         }
         Ok(())
-    }
-}
-
-impl Ring {
-    /// Close the comms (once; drop does it otherwise), keeping the plugin loaded.
-    pub fn close(&mut self) {
-        if !self.listen.is_null() {
-            self.net.close(self.send, self.recv, self.listen);
-            self.listen = std::ptr::null_mut();
-        }
     }
 }
 

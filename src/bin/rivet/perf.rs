@@ -42,7 +42,7 @@ impl Opts {
 }
 
 pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<u64> {
-    let devs: Vec<i32> = o.common.dev.iter().map(|&d| d as i32).collect();
+    let devs = o.common.devs();
     let (window, lat_iters) = (o.window as usize, o.lat_iters as usize);
     let r = Ring::join(lib, rank, nranks, &devs, false)?;
     let net = &r.net;

@@ -136,18 +136,26 @@ struct Arena {
     mh: *mut c_void,
 }
 
+/// A round on its way: its plan, its window slot, the requests not yet done (in posting order),
+/// and for a receive the message sizes its grouped request reported.
+struct Round {
+    plan: Plan,
+    slot: usize,
+    reqs: Vec<*mut c_void>,
+    sizes: [i32; 8],
+}
+
 /// One direction's state on this rank.
 struct Dir {
     rng: Rng,
     next: u64,
     last: u64,
-    /// Rounds posted and not complete: plan, slot, requests not yet done (in posting order), and
-    /// for a receive the message sizes its grouped request reported.
-    flight: VecDeque<(Plan, usize, Vec<*mut c_void>, [i32; 8])>,
+    /// Rounds fully posted and not complete.
+    flight: VecDeque<Round>,
     free: Vec<usize>,
     done: u64,
-    /// A round whose requests are not all posted yet (back-pressure): (plan, slot, posted).
-    posting: Option<(Plan, usize, Vec<*mut c_void>)>,
+    /// A round whose requests are not all posted yet (back-pressure).
+    posting: Option<Round>,
 }
 
 impl Dir {
@@ -156,7 +164,7 @@ impl Dir {
     }
 }
 
-#[derive(Default, Clone, Copy)]
+#[derive(Clone, Copy)]
 struct Counts {
     rss_kib: u64,
     fds: u64,
@@ -175,15 +183,15 @@ fn counts() -> Counts {
     Counts { rss_kib: field("VmRSS:"), fds, threads: field("Threads:") }
 }
 
-pub struct Totals {
-    pub msgs: u64,
-    pub bytes: u64,
-    pub wrong: u64,
+struct Totals {
+    msgs: u64,
+    bytes: u64,
+    wrong: u64,
 }
 
 /// One phase (host or staged) on this rank, for `secs` seconds.
 pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<u64> {
-    let devs: Vec<i32> = o.common.dev.iter().map(|&d| d as i32).collect();
+    let devs = o.common.devs();
     // With the plugin loaded and initialized (its devices open: a process-wide cost, paid once),
     // before any connection: what must come back after the comms are closed.
     let net = crate::net::Net::load(lib)?;
@@ -213,12 +221,11 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let deadline = start + Duration::from_secs_f64(secs);
     let warm = start + Duration::from_secs_f64((secs * 0.2).min(20.0));
     let mut base: Option<Counts> = None;
-    let mut peak = Counts::default();
+    let mut peak_rss = 0;
     let mut tot = Totals { msgs: 0, bytes: 0, wrong: 0 };
     let mut window = MAX_WINDOW;
     let mut last_print = start;
     let mut idle_since = Instant::now();
-    let mut sizes = [0i32; 8];
     let mut flip = std::env::var_os("RIVET_SOAK_FLIP").is_some();
     loop {
         let now = Instant::now();
@@ -243,10 +250,10 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 let c = &mut sarena.mem[ctrl_off + slot * 8..ctrl_off + slot * 8 + 8];
                 c.copy_from_slice(&send.last.to_le_bytes());
                 send.next += 1;
-                send.posting = Some((p, slot, Vec::new()));
+                send.posting = Some(Round { plan: p, slot, reqs: Vec::new(), sizes: [0; 8] });
             }
         }
-        if let Some((p, slot, reqs)) = send.posting.as_mut() {
+        if let Some(Round { plan: p, slot, reqs, .. }) = send.posting.as_mut() {
             // The messages lie one after another in the slot; the control word comes last.
             while reqs.len() <= p.msgs.len() {
                 let k = reqs.len();
@@ -265,8 +272,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 }
             }
             if reqs.len() == p.msgs.len() + 1 {
-                let done = send.posting.take().unwrap();
-                send.flight.push_back((done.0, done.1, done.2, [0; 8]));
+                send.flight.extend(send.posting.take());
             }
         }
         // Receive: post the next round's grouped receive and its control receive.
@@ -274,10 +280,10 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
             if let Some(slot) = recv.free.pop() {
                 let p = plan(&mut recv.rng, recv.next, o.max_size, max_recvs);
                 recv.next += 1;
-                recv.posting = Some((p, slot, Vec::new()));
+                recv.posting = Some(Round { plan: p, slot, reqs: Vec::new(), sizes: [-1; 8] });
             }
         }
-        if let Some((p, slot, reqs)) = recv.posting.as_mut() {
+        if let Some(Round { plan: p, slot, reqs, .. }) = recv.posting.as_mut() {
             if reqs.is_empty() {
                 let mut off = *slot * slot_bytes;
                 let mut bufs = Vec::with_capacity(p.msgs.len());
@@ -299,12 +305,11 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 }
             }
             if reqs.len() == 2 {
-                let done = recv.posting.take().unwrap();
-                recv.flight.push_back((done.0, done.1, done.2, [-1; 8]));
+                recv.flight.extend(recv.posting.take());
             }
         }
         // Completions, in order.
-        while let Some((_, _, reqs, _)) = send.flight.front_mut() {
+        while let Some(Round { reqs, .. }) = send.flight.front_mut() {
             // Requests are tested until done, and a done one is not tested again.
             while let Some(&q) = reqs.first() {
                 let mut one = [0i32; 1];
@@ -317,12 +322,12 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
             if !reqs.is_empty() {
                 break;
             }
-            let (_, slot, _, _) = send.flight.pop_front().unwrap();
-            send.free.push(slot);
+            let done = send.flight.pop_front().unwrap();
+            send.free.push(done.slot);
             send.done += 1;
             moved = true;
         }
-        while let Some((p, _, reqs, got)) = recv.flight.front_mut() {
+        while let Some(Round { plan: p, reqs, sizes, .. }) = recv.flight.front_mut() {
             let n = p.msgs.len();
             // First the grouped receive (its sizes kept), then the control word; a request that
             // is done is not tested again.
@@ -330,7 +335,6 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 if !net.test_n(reqs[0], &mut sizes[..n])? {
                     break;
                 }
-                got[..n].copy_from_slice(&sizes[..n]);
                 reqs.remove(0);
                 moved = true;
             }
@@ -338,12 +342,10 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
             if !net.test_n(reqs[0], &mut ctl)? {
                 break;
             }
-            let (p, slot, _, got) = recv.flight.pop_front().unwrap();
-            let slot = &slot;
-            let sizes = got;
+            let Round { plan: p, slot, sizes, .. } = recv.flight.pop_front().unwrap();
             // Check the sizes and every byte. (RIVET_SOAK_FLIP: the test of the check itself
             // flips one received byte, which must be found.)
-            let mut off = *slot * slot_bytes;
+            let mut off = slot * slot_bytes;
             if flip && p.msgs.first().is_some_and(|m| m.0 > 0) {
                 rarena.mem[off] ^= 0x01;
                 flip = false;
@@ -358,12 +360,12 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 off += room;
             }
             tot.msgs += n as u64;
-            let c = *slot * 8 + ctrl_off;
+            let c = slot * 8 + ctrl_off;
             let last = u64::from_le_bytes(rarena.mem[c..c + 8].try_into().unwrap());
             if last != UNDECIDED {
                 recv.last = recv.last.min(last);
             }
-            recv.free.push(*slot);
+            recv.free.push(slot);
             recv.done += 1;
             moved = true;
         }
@@ -386,9 +388,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         if now.duration_since(last_print) >= Duration::from_secs(10) || finished {
             last_print = now;
             let c = counts();
-            peak.rss_kib = peak.rss_kib.max(c.rss_kib);
-            peak.fds = peak.fds.max(c.fds);
-            peak.threads = peak.threads.max(c.threads);
+            peak_rss = peak_rss.max(c.rss_kib);
             if rank == 0 {
                 r.out(&format!(
                     "# soak {phase} t={:.0}s: received {} messages, {:.2} GiB, {} wrong bytes; rss {} MiB, fds {}, threads {}",
@@ -421,24 +421,23 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     r.barrier()?;
     net.dereg(r.send, sarena.mh)?;
     net.dereg(r.recv, rarena.mh)?;
-    let peak_rss = peak.rss_kib.max(end.rss_kib);
+    let peak_rss = peak_rss.max(end.rss_kib);
     // The comms closed (the plugin stays loaded, as it does in NCCL between communicators).
     r.close();
     drop((sarena, rarena));
     // Back where the rank started.
     let after = counts();
-    drop(r);
     let (drss, dfds, dthr) = (grow(after.rss_kib, before.rss_kib), grow(after.fds, before.fds), grow(after.threads, before.threads));
     let bad_counts = (rfds > 0) as u64 + (rthr > 0) as u64 + (drss > 16 * 1024) as u64 + (dfds > 0) as u64 + (dthr > 0) as u64;
     let bad = tot.wrong + bad_counts;
-    println!(
-        "OUT # soak {phase} rank {rank}: received {} messages, {} bytes ({:.2} GB/s) in {secs_run:.0} s; {} wrong bytes; in the run after the warm-up: fds {rfds:+}, threads {rthr:+} (peak rss {} MiB); after close: rss {drss:+} KiB, fds {dfds:+}, threads {dthr:+}: {}",
+    r.out_any(&format!(
+        "# soak {phase} rank {rank}: received {} messages, {} bytes ({:.2} GB/s) in {secs_run:.0} s; {} wrong bytes; in the run after the warm-up: fds {rfds:+}, threads {rthr:+} (peak rss {} MiB); after close: rss {drss:+} KiB, fds {dfds:+}, threads {dthr:+}: {}",
         tot.msgs,
         tot.bytes,
         tot.bytes as f64 / secs_run / 1e9,
         tot.wrong,
         peak_rss / 1024,
         if bad == 0 { "PASS" } else { "FAIL" }
-    );
+    ));
     Ok(bad)
 }

@@ -30,9 +30,14 @@ fn example_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(fixture::EXAMPLES.iter().map(|(n, _, about)| clap::builder::PossibleValue::new(*n).help(*about)))
 }
 
+/// The builder of the example machine `name` (clap has checked the name).
+fn builder(name: &str) -> Res<fixture::Builder> {
+    fixture::EXAMPLES.iter().find(|(n, _, _)| *n == name).map(|(_, b, _)| *b).ok_or_else(|| format!("unknown example '{name}'"))
+}
+
 /// Write the example `name` to `dir`, which must be empty or not exist yet.
 fn write_example(name: &str, dir: &Path) -> Res<()> {
-    let build = fixture::EXAMPLES.iter().find(|(n, _, _)| *n == name).map(|(_, b, _)| *b).ok_or("unknown example")?;
+    let build = builder(name)?;
     if dir.exists() && std::fs::read_dir(dir).map_err(|e| format!("--write {}: {e}", dir.display()))?.next().is_some() {
         return Err(format!("--write {}: the directory is not empty (name a new or empty one)", dir.display()));
     }
@@ -57,8 +62,7 @@ pub fn run(o: &Opts) -> Res<i32> {
         }
         (Some(name), None) => {
             let f = fixture::Fixture::new("example");
-            let build = fixture::EXAMPLES.iter().find(|(n, _, _)| n == name).map(|(_, b, _)| *b).ok_or("unknown example")?;
-            build(&f);
+            builder(name)?(&f);
             let r = f.root.clone();
             _tmp = Some(f);
             r

@@ -78,7 +78,7 @@ impl Streams {
             })
             .collect();
         let stalls = raw.iter().map(|_| sock::Stall::new()).collect();
-        let timeout = std::time::Duration::from_secs(crate::config::get().timeout_secs);
+        let timeout = crate::config::get().timeout();
         Streams { helpers, shared, _fds: fds, raw, pfds, queues, peer, min_chunk, failed: None, stalls, timeout }
     }
 

@@ -116,7 +116,7 @@ impl Drop for Helper {
 
 fn run(fd: RawFd, stream: usize, send: bool, peer: SocketAddr, q: &Queue, s: &Shared) {
     let dir = if send { "sending" } else { "receiving" };
-    let timeout = Duration::from_secs(crate::config::get().timeout_secs);
+    let timeout = crate::config::get().timeout();
     let mut stall = sock::Stall::new();
     loop {
         let p = {

@@ -252,12 +252,18 @@ pub fn stream_error(peer: SocketAddr, stream: usize, dir: &str, e: &io::Error) -
         Some(libc::EPIPE) | Some(libc::ECONNRESET) => {
             Error::remote(format!("connection to {peer} (stream {stream}) was reset while {dir}: the peer process closed or died"))
         }
-        Some(libc::ETIMEDOUT) | Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH) => Error::remote(format!(
+        _ if host_unreachable(e) => Error::remote(format!(
             "the peer host {} is unreachable (stream {stream}, while {dir}: {e}): it stopped answering for RIVET_TIMEOUT seconds, so it is down or the network between the hosts is broken",
             peer.ip()
         )),
         _ => Error::system(format!("{dir} on stream {stream} to {peer}: {e}")),
     }
+}
+
+/// Whether a socket error means the peer host stopped answering (keepalive or retransmissions
+/// timed out, or its route went away), as opposed to its process closing the connection.
+pub fn host_unreachable(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ETIMEDOUT) | Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH))
 }
 
 /// The error of a stream that [`Stall`] found unreachable.

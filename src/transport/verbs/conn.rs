@@ -199,7 +199,7 @@ impl Common {
         let e = std::io::Error::last_os_error();
         match e.raw_os_error() {
             Some(libc::EAGAIN) | Some(libc::EINTR) => PeerState::Alive,
-            Some(libc::ETIMEDOUT) | Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH) => PeerState::Unreachable(e),
+            _ if crate::transport::socket::sock::host_unreachable(&e) => PeerState::Unreachable(e),
             _ => PeerState::Gone,
         }
     }
