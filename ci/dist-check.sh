@@ -65,9 +65,16 @@ for api in ${RIVET_DIST_APIS:-12 8 6}; do
     fail "conformance --api $api on $arch"
   }
   grep -q '^FAIL' <<< "$out" && { echo "$out"; fail "conformance --api $api on $arch has a FAIL"; }
+  passed=0 skipped=0
   for c in $cases; do
-    grep -q "^PASS api=$api case=$c " <<< "$out" || { echo "$out"; fail "conformance --api $api on $arch: case $c did not pass"; }
+    if grep -q "^PASS api=$api case=$c " <<< "$out"; then
+      passed=$((passed + 1))
+    elif [ "$c" = optional ] && [ "$api" -lt 9 ] && grep -q "^SKIP api=$api case=$c " <<< "$out"; then
+      skipped=$((skipped + 1)) # the optional receive completion exists from v9 on
+    else
+      echo "$out"; fail "conformance --api $api on $arch: case $c did not pass"
+    fi
   done
-  echo "dist-check $arch: conformance --api $api over TCP: $(wc -w <<< "$cases") cases passed$([ ${#run[@]} -gt 0 ] && echo ' (qemu-aarch64)' || true)"
+  echo "dist-check $arch: conformance --api $api over TCP: $passed cases passed, $skipped skipped$([ ${#run[@]} -gt 0 ] && echo ' (qemu-aarch64)' || true)"
 done
 echo "dist-check $arch: passed"

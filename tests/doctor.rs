@@ -29,7 +29,8 @@ fn section<'a>(text: &'a str, title: &str) -> &'a str {
 #[test]
 fn this_machine_reports_tcp_and_why() {
     if Path::new("/dev/infiniband").exists() {
-        return; // a host with RDMA devices has other answers
+        println!("SKIP this_machine_reports_tcp_and_why: this host has RDMA devices, which have other answers");
+        return;
     }
     let (rc, t) = doctor(&[], None);
     assert_eq!(rc, 0, "{t}");
@@ -52,6 +53,7 @@ fn selftest_moves_data_through_the_plugin() {
 #[test]
 fn perf_with_gpu_buffers_needs_cuda() {
     if Path::new("/dev/nvidiactl").exists() {
+        println!("SKIP perf_with_gpu_buffers_needs_cuda: this host has an NVIDIA driver");
         return;
     }
     let out = Command::new(env!("CARGO_BIN_EXE_rivet")).args(["perf", "--cuda", "--sizes", "1M"]).env("NCCL_SOCKET_IFNAME", "lo").output().unwrap();

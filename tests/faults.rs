@@ -350,7 +350,7 @@ fn libibverbs_hidden_in_a_mount_namespace_falls_back_to_tcp() {
     let root = unsafe { libc::geteuid() } == 0;
     let unshare = std::process::Command::new("unshare").arg("--version").output().is_ok_and(|o| o.status.success());
     if std::env::var("RIVET_TEST_CHILD").as_deref() != Ok(name) && !(root && unshare && lib.is_some()) {
-        eprintln!("skipped: needs root, unshare and an installed libibverbs (root {root}, unshare {unshare}, lib {lib:?})");
+        println!("SKIP {name}: needs root, unshare and an installed libibverbs (root {root}, unshare {unshare}, lib {lib:?})");
         return;
     }
     let script = format!("mount --bind /dev/null {} && exec \"$0\" \"$@\"", lib.unwrap_or(""));
