@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --all-targets
 cargo test --release --no-fail-fast
+# The verbs protocol's two engines against each other in the simulator: 100,000 seeded schedules.
+RIVET_SIM_SCHEDULES=100000 cargo test --release --test sim random_schedules
 # The soak over TCP: random traffic both ways, every byte checked, no growth of RSS, fds or threads
 # (RIVET_SOAK_MINUTES, default 3).
 NCCL_SOCKET_IFNAME=lo target/release/rivet soak --minutes "${RIVET_SOAK_MINUTES:-3}"

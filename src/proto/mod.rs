@@ -11,7 +11,103 @@ pub const PROTO_VERSION: u8 = 2;
 pub const TRANSPORT_SOCKET: u8 = 1;
 pub const TRANSPORT_VERBS: u8 = 2;
 
+pub mod recv;
+pub mod send;
 pub mod verbs;
+
+/// A protocol violation or a collective mismatch found by the verbs engines. The transport adds
+/// where (device, port, queue pair, peer) and turns it into the comm's error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProtoError {
+    /// The sender's large send and the receive it belongs to posted no clear-to-send: all of the
+    /// receive's buffers are within the eager limit.
+    SendOverEager { size: usize, tag: i32, eager_max: usize },
+    SendTagUnmatched { tag: i32, tags: [i32; verbs::MAX_GROUP], n: usize },
+    SendTooLarge { size: usize, tag: i32, recv: u64 },
+    RecvTagUnmatched { tag: i32, tags: [i32; verbs::MAX_GROUP], n: usize },
+    RecvTooSmall { size: u64, recv: u64, tag: i32 },
+    /// An eager message for a receive that already completed.
+    EagerStale { seq: u32 },
+    CorruptEager { size: u64 },
+    CorruptCts { n: usize },
+    /// A rendezvous immediate naming no buffer in flight.
+    StrayImm { slot: u32, entry: u32 },
+    CorruptSize { size: u64, recv: u64 },
+    NotInFlight { req: u32, send: bool },
+    TooManyFlushes { max: usize },
+}
+
+impl ProtoError {
+    /// A collective mismatch (the application's error, not the network's).
+    pub fn is_mismatch(&self) -> bool {
+        use ProtoError::*;
+        matches!(self, SendOverEager { .. } | SendTagUnmatched { .. } | SendTooLarge { .. } | RecvTagUnmatched { .. } | RecvTooSmall { .. })
+    }
+
+    /// An error of ours, not of the peer or the application.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, ProtoError::NotInFlight { .. } | ProtoError::TooManyFlushes { .. })
+    }
+
+    /// What to tell the peer over the out-of-band socket, so that it reports the same cause.
+    pub fn notice(&self) -> Option<verbs::Mismatch> {
+        match *self {
+            ProtoError::SendOverEager { size, tag, eager_max } => {
+                Some(verbs::Mismatch { send_size: size as u64, recv_size: eager_max as u64, tag })
+            }
+            ProtoError::SendTooLarge { size, tag, recv } => Some(verbs::Mismatch { send_size: size as u64, recv_size: recv, tag }),
+            ProtoError::RecvTooSmall { size, recv, tag } => Some(verbs::Mismatch { send_size: size, recv_size: recv, tag }),
+            _ => None,
+        }
+    }
+}
+
+/// The text; `{peer}` is the remote address, which only the transport knows.
+pub struct Explain<'a>(pub &'a ProtoError, pub &'a dyn std::fmt::Display);
+
+impl std::fmt::Display for Explain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        const SAME: &str = "every rank must run the same collectives with the same sizes";
+        let peer = self.1;
+        match *self.0 {
+            ProtoError::SendOverEager { size, tag, eager_max } => write!(
+                f,
+                "collective mismatch: a send of {size} bytes with tag {tag} is larger than every buffer of the peer's receive (at most {eager_max} bytes, the eager limit); {SAME}"
+            ),
+            ProtoError::SendTagUnmatched { tag, tags, n } => write!(
+                f,
+                "collective mismatch: a send with tag {tag} does not match the peer's posted receive (tags {:?})",
+                &tags[..n]
+            ),
+            ProtoError::SendTooLarge { size, tag, recv } => write!(
+                f,
+                "collective mismatch: a send of {size} bytes with tag {tag} is larger than the peer's receive of {recv} bytes; {SAME}"
+            ),
+            ProtoError::RecvTagUnmatched { tag, tags, n } => write!(
+                f,
+                "collective mismatch: the peer {peer} sent a message with tag {tag} that matches none of the posted receive's tags {:?}",
+                &tags[..n]
+            ),
+            ProtoError::RecvTooSmall { size, recv, tag } => write!(
+                f,
+                "collective mismatch: the peer {peer} sent {size} bytes with tag {tag} but the posted receive holds only {recv} bytes; {SAME}"
+            ),
+            ProtoError::EagerStale { seq } => write!(f, "an eager message for an already completed receive (seq {seq})"),
+            ProtoError::CorruptEager { size } => write!(f, "corrupt eager header (size {size})"),
+            ProtoError::CorruptCts { n } => write!(f, "corrupt clear-to-send entry (n {n})"),
+            ProtoError::StrayImm { slot, entry } => {
+                write!(f, "a rendezvous completion for clear-to-send slot {slot} buffer {entry}, which no receive in flight owns")
+            }
+            ProtoError::CorruptSize { size, recv } => {
+                write!(f, "a rendezvous send reported {size} bytes into a receive buffer of {recv} bytes")
+            }
+            ProtoError::NotInFlight { req, send } => {
+                write!(f, "test on {} request {req}, which is not in flight", if send { "send" } else { "receive" })
+            }
+            ProtoError::TooManyFlushes { max } => write!(f, "more than {max} flushes in flight on one comm"),
+        }
+    }
+}
 /// Where a connect in progress keeps its state pointer and cookie inside the caller's handle
 /// buffer (NCCL calls connect again with the same buffer until it returns a comm).
 const STAGE_OFF: usize = 112;

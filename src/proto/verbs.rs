@@ -9,6 +9,9 @@ pub const META_SIZE: usize = 160;
 const META_MAGIC: u32 = 0x5256_564d; // "RVVM"
 /// Most queue pairs one connection may use.
 pub const MAX_QPS: usize = 16;
+/// Most buffers in one grouped receive (NCCL's `maxRecvs`); a clear-to-send entry counts them
+/// in 4 bits.
+pub const MAX_GROUP: usize = 8;
 const NAME_LEN: usize = 32;
 
 /// What each side of a verbs connection tells the other. `fifo_addr`/`fifo_rkey` name the memory

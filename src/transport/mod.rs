@@ -77,7 +77,7 @@ impl RecvBuf {
 }
 
 /// Most buffers in one grouped receive (the `maxRecvs` every device reports).
-pub const MAX_RECVS: usize = 8;
+pub const MAX_RECVS: usize = crate::proto::verbs::MAX_GROUP;
 
 /// A connected send or receive comm. Requests are slot numbers below `capacity()`; a slot is
 /// handed out by `isend`/`irecv` and free again once `test` reported it done.

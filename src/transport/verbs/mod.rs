@@ -9,8 +9,10 @@
 pub mod conn;
 pub mod dev;
 pub mod mr;
+pub mod recv;
 pub mod res;
 pub mod select;
+pub mod send;
 
 use crate::config;
 use crate::error::{Error, Result};
@@ -19,7 +21,9 @@ use crate::sys::ib::*;
 use crate::transport::socket::sock::{self, Io};
 use crate::transport::socket::Link;
 use crate::transport::Conn;
-use conn::{Common, Ring, VerbsRecv, VerbsSend};
+use conn::Common;
+use recv::VerbsRecv;
+use send::{Ring, VerbsSend};
 use dev::{mtu_bytes, IbPort};
 use res::{Cq, PathParams, QpCaps, QpInit, QpRts, RegBuf, RemoteQp};
 use std::net::SocketAddr;
@@ -261,7 +265,7 @@ impl Setup {
             // Every completion the sender may trigger needs a posted receive: post them before
             // the sender learns our QPNs.
             for q in &rts {
-                conn::post_recvs(q, conn::RECV_QP_RQ).map_err(|rc| {
+                recv::post_recvs(q, conn::RECV_QP_RQ).map_err(|rc| {
                     Error::system(format!(
                         "{}:{}: ibv_post_recv failed: {}",
                         p.dev.name,

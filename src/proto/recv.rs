@@ -1,0 +1,337 @@
+//! The receiving half of the verbs protocol, as a state machine without I/O.
+//!
+//! Events: a receive posted, an eager immediate (a ring slot filled), a rendezvous immediate
+//! (one queue pair's part of a large send landed, with the size word the transport read), the
+//! header of the next arrived ring slot, a copy out of the ring finished, a flush finished.
+//! Answers: write this clear-to-send group into the sender's FIFO, copy this payload out of that
+//! ring slot, write this credit word, complete this request, report a mismatch.
+
+use super::verbs::{seq_offset, Cts, EagerHdr, EAGER_DATA, EAGER_URGENT, FIFO_DEPTH, MAX_GROUP};
+use super::ProtoError;
+use std::collections::VecDeque;
+
+/// Receive request slots per connection (NCCL keeps at most 32 in flight per comm).
+pub const RECV_REQS: usize = 32;
+/// Flush request slots, after the receive ones.
+pub const FLUSH_REQS: usize = 32;
+
+/// One buffer of a receive, as the protocol sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecvSpec {
+    pub addr: u64,
+    pub size: u64,
+    pub rkey: u32,
+    pub tag: i32,
+    /// GPU memory: an eager payload reaches it by a CUDA copy instead of a memcpy.
+    pub gpu: bool,
+}
+
+/// A clear-to-send group to RDMA-write into the sender's FIFO slot `slot`, on queue pair `q`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CtsPlan {
+    pub slot: usize,
+    pub q: usize,
+    pub n: usize,
+    pub entries: [Cts; MAX_GROUP],
+}
+
+// Returned by value on the data path (no allocation); the group is 256 bytes.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecvPlan {
+    /// No request slot free: NCCL gets a NULL request and retries.
+    Busy,
+    /// Posted as request `req`; write `cts` first where the receive has a buffer above the eager
+    /// limit.
+    Posted { req: u16, cts: Option<CtsPlan> },
+}
+
+/// What to do with the next arrived eager ring slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EagerStep {
+    /// Its receive is not posted yet: keep it, and every slot after it.
+    Wait,
+    /// Consumed without a copy (an announcement, or an empty message).
+    Consumed,
+    /// Copy `len` payload bytes out of the slot to `dst` (GPU memory when `gpu`), then call
+    /// [`RecvEngine::copy_done`]; the slot is not released to the sender before that.
+    Copy { dst: u64, len: usize, gpu: bool },
+}
+
+#[derive(Clone, Copy, Default)]
+struct Entry {
+    spec: RecvSpec,
+    done: bool,
+    /// Matched by a send (eager data, or a rendezvous whose parts are arriving).
+    taken: bool,
+    got: u64,
+    /// Rendezvous parts (one per queue pair) arrived.
+    parts: u16,
+}
+
+#[derive(Clone, Copy, Default)]
+struct RecvReq {
+    posted: bool,
+    flush: bool,
+    n: u8,
+    /// Buffers not yet filled.
+    left: u8,
+    /// Sequence number of this receive's first send.
+    base: u32,
+    entries: [Entry; MAX_GROUP],
+}
+
+/// An eager payload being copied out of its ring slot.
+#[derive(Clone, Copy)]
+struct Copying {
+    ring_index: u64,
+    req: u16,
+    entry: u8,
+}
+
+pub struct RecvEngine {
+    nqps: usize,
+    ring_slots: usize,
+    eager_max: usize,
+    /// Sequence number of the next receive's first send.
+    next_base: u32,
+    /// Clear-to-send entries written so far.
+    cts_tail: u64,
+    /// The receive each FIFO slot's group belongs to.
+    cts_owner: Box<[u16]>,
+    /// Eager slots arrived (in order), matched, and released to the sender.
+    ring_arrived: u64,
+    ring_done: u64,
+    credits_sent: u64,
+    credit_urgent: bool,
+    copying: VecDeque<Copying>,
+    /// Receives posted and not yet reported done, oldest first.
+    order: VecDeque<u16>,
+    reqs: Box<[RecvReq]>,
+    free: Vec<u16>,
+    free_flush: Vec<u16>,
+}
+
+impl RecvEngine {
+    /// `origin`: the sequence number and clear-to-send index the sender starts from.
+    pub fn new(nqps: usize, ring_slots: usize, eager_max: usize, origin: super::send::Origin) -> RecvEngine {
+        let mut free = Vec::with_capacity(RECV_REQS);
+        free.extend((0..RECV_REQS as u16).rev());
+        let mut free_flush = Vec::with_capacity(FLUSH_REQS);
+        free_flush.extend((RECV_REQS as u16..(RECV_REQS + FLUSH_REQS) as u16).rev());
+        RecvEngine {
+            nqps: nqps.max(1),
+            ring_slots: ring_slots.max(1),
+            eager_max,
+            next_base: origin.seq,
+            cts_tail: origin.cts,
+            cts_owner: vec![0u16; FIFO_DEPTH].into_boxed_slice(),
+            ring_arrived: 0,
+            ring_done: 0,
+            credits_sent: 0,
+            credit_urgent: false,
+            copying: VecDeque::with_capacity(ring_slots.max(1)),
+            order: VecDeque::with_capacity(RECV_REQS),
+            reqs: vec![RecvReq::default(); RECV_REQS + FLUSH_REQS].into_boxed_slice(),
+            free,
+            free_flush,
+        }
+    }
+
+    pub fn eager_max(&self) -> usize {
+        self.eager_max
+    }
+
+    /// Requests (receives and flushes) posted and not yet reported done.
+    pub fn outstanding(&self) -> usize {
+        RECV_REQS + FLUSH_REQS - self.free.len() - self.free_flush.len()
+    }
+
+    /// Post a receive of 1..=MAX_GROUP buffers. Eager messages that arrived before it are matched
+    /// by the next [`next_eager`](Self::next_eager) loop.
+    pub fn post(&mut self, bufs: &[RecvSpec]) -> RecvPlan {
+        let n = bufs.len().clamp(1, MAX_GROUP);
+        let Some(req) = self.free.pop() else { return RecvPlan::Busy };
+        let base = self.next_base;
+        let mut entries = [Entry::default(); MAX_GROUP];
+        for (e, b) in entries.iter_mut().zip(bufs) {
+            e.spec = *b;
+        }
+        let mut cts = None;
+        if bufs.iter().any(|b| b.size > self.eager_max as u64) {
+            let slot = (self.cts_tail % FIFO_DEPTH as u64) as usize;
+            let stamp = (self.cts_tail + 1) as u32;
+            let mut out = [Cts::default(); MAX_GROUP];
+            for (o, b) in out.iter_mut().zip(&bufs[..n]) {
+                *o = Cts::new(b.addr, b.size, b.rkey, b.tag, n, base, stamp);
+            }
+            let q = (self.cts_tail % self.nqps as u64) as usize;
+            cts = Some(CtsPlan { slot, q, n, entries: out });
+            self.cts_owner[slot] = req;
+            self.cts_tail += 1;
+        }
+        self.reqs[req as usize] = RecvReq { posted: true, flush: false, n: n as u8, left: n as u8, base, entries };
+        self.next_base = base.wrapping_add(n as u32);
+        self.order.push_back(req);
+        RecvPlan::Posted { req, cts }
+    }
+
+    /// A flush (a 1-byte RDMA READ on the loopback queue pair); `on_flush_done` ends it.
+    pub fn post_flush(&mut self) -> Result<u16, ProtoError> {
+        let req = self.free_flush.pop().ok_or(ProtoError::TooManyFlushes { max: FLUSH_REQS })?;
+        self.reqs[req as usize] = RecvReq { posted: true, flush: true, n: 0, left: 1, ..Default::default() };
+        Ok(req)
+    }
+
+    /// A flush's read completed.
+    pub fn on_flush_done(&mut self, req: u16) {
+        if let Some(r) = self.reqs.get_mut(req as usize).filter(|r| r.flush) {
+            r.left = 0;
+        }
+    }
+
+    /// A completion with the eager immediate: the next ring slot (in order) has arrived.
+    pub fn on_eager_imm(&mut self) {
+        self.ring_arrived += 1;
+    }
+
+    /// A completion with a rendezvous immediate: one queue pair's part of the send into buffer
+    /// `entry` of FIFO slot `slot`'s receive landed. `size` is the sizes FIFO word for that
+    /// buffer as read now (valid once every part has arrived: queue pair 0 writes it before its
+    /// immediate).
+    pub fn on_rdv_imm(&mut self, slot: u32, entry: u32, size: u64) -> Result<(), ProtoError> {
+        let owner = self.cts_owner[slot as usize % FIFO_DEPTH] as usize;
+        let r = &mut self.reqs[owner];
+        let e = entry as usize;
+        if !r.posted || r.flush || e >= r.n as usize || r.entries[e].done {
+            return Err(ProtoError::StrayImm { slot, entry });
+        }
+        let en = &mut r.entries[e];
+        en.taken = true;
+        en.parts += 1;
+        if en.parts as usize == self.nqps {
+            if size > en.spec.size {
+                return Err(ProtoError::CorruptSize { size, recv: en.spec.size });
+            }
+            en.got = size;
+            en.done = true;
+            r.left -= 1;
+        }
+        Ok(())
+    }
+
+    /// The ring slot whose header to read next, if one has arrived and is not matched yet.
+    pub fn next_eager(&self) -> Option<usize> {
+        (self.ring_done < self.ring_arrived).then(|| (self.ring_done % self.ring_slots as u64) as usize)
+    }
+
+    /// The receive whose sends include sequence number `seq`.
+    fn owner_of(&self, seq: u32) -> Option<u16> {
+        self.order.iter().copied().find(|&i| {
+            let r = &self.reqs[i as usize];
+            (0..r.n as i64).contains(&seq_offset(seq, r.base))
+        })
+    }
+
+    /// The header of the ring slot [`next_eager`](Self::next_eager) named.
+    pub fn on_eager(&mut self, h: EagerHdr) -> Result<EagerStep, ProtoError> {
+        let Some(owner) = self.owner_of(h.seq) else {
+            if seq_offset(h.seq, self.next_base) >= 0 {
+                return Ok(EagerStep::Wait);
+            }
+            return Err(ProtoError::EagerStale { seq: h.seq });
+        };
+        let rq = &mut self.reqs[owner as usize];
+        let n = rq.n as usize;
+        // An announcement may be read after its rendezvous data already landed (the two travel
+        // independently), so it matches a taken buffer too; data never does.
+        let rts = h.flags & EAGER_DATA == 0;
+        let Some(r) = (0..n).find(|&r| (rts || !rq.entries[r].taken) && rq.entries[r].spec.tag == h.tag) else {
+            let mut tags = [0i32; MAX_GROUP];
+            for (t, e) in tags.iter_mut().zip(&rq.entries[..n]) {
+                *t = e.spec.tag;
+            }
+            return Err(ProtoError::RecvTagUnmatched { tag: h.tag, tags, n });
+        };
+        let spec = rq.entries[r].spec;
+        if h.size > spec.size {
+            return Err(ProtoError::RecvTooSmall { size: h.size, recv: spec.size, tag: h.tag });
+        }
+        if h.flags & EAGER_URGENT != 0 {
+            self.credit_urgent = true;
+        }
+        if rts {
+            // The size fits; the data follows by rendezvous.
+            self.ring_done += 1;
+            return Ok(EagerStep::Consumed);
+        }
+        if h.size > self.eager_max as u64 {
+            return Err(ProtoError::CorruptEager { size: h.size });
+        }
+        let e = &mut rq.entries[r];
+        e.taken = true;
+        e.got = h.size;
+        let index = self.ring_done;
+        self.ring_done += 1;
+        if h.size == 0 {
+            e.done = true;
+            rq.left -= 1;
+            return Ok(EagerStep::Consumed);
+        }
+        self.copying.push_back(Copying { ring_index: index, req: owner, entry: r as u8 });
+        Ok(EagerStep::Copy { dst: spec.addr, len: h.size as usize, gpu: spec.gpu })
+    }
+
+    /// The oldest copy out of the ring finished: its buffer is filled, its slot may be released.
+    pub fn copy_done(&mut self) {
+        if let Some(c) = self.copying.pop_front() {
+            let r = &mut self.reqs[c.req as usize];
+            r.entries[c.entry as usize].done = true;
+            r.left -= 1;
+        }
+    }
+
+    /// The credit word to write into the sender's memory now (in batches, or at once when the
+    /// sender runs low), if any: ring slots matched and copied out.
+    pub fn credit_due(&mut self) -> Option<u64> {
+        let released = self.copying.front().map_or(self.ring_done, |c| c.ring_index);
+        let unreported = released - self.credits_sent;
+        if unreported > 0 && (self.credit_urgent || unreported >= self.ring_slots as u64 / 2) {
+            self.credits_sent = released;
+            self.credit_urgent = false;
+            return Some(released);
+        }
+        None
+    }
+
+    /// Whether `req` still waits for data (Err if it is not in flight).
+    pub fn waiting(&self, req: u32) -> Result<bool, ProtoError> {
+        match self.reqs.get(req as usize) {
+            Some(r) if r.posted => Ok(r.left > 0),
+            _ => Err(ProtoError::NotInFlight { req, send: false }),
+        }
+    }
+
+    /// Report `req` done if it is: the received sizes, one per buffer, and their count (0 for a
+    /// flush); the slot is free again.
+    pub fn take(&mut self, req: u32, sizes: &mut [usize; MAX_GROUP]) -> Result<Option<usize>, ProtoError> {
+        if self.waiting(req)? {
+            return Ok(None);
+        }
+        let r = self.reqs[req as usize];
+        self.reqs[req as usize].posted = false;
+        if r.flush {
+            self.free_flush.push(req as u16);
+            return Ok(Some(0));
+        }
+        let n = r.n as usize;
+        for (s, e) in sizes.iter_mut().zip(&r.entries[..n]) {
+            *s = e.got as usize;
+        }
+        if let Some(pos) = self.order.iter().position(|&x| x as u32 == req) {
+            self.order.remove(pos);
+        }
+        self.free.push(req as u16);
+        Ok(Some(n))
+    }
+}

@@ -1,0 +1,369 @@
+//! The sending half of the verbs protocol, as a state machine without I/O.
+//!
+//! The transport feeds it events (a post request, clear-to-send entries it read out of its FIFO,
+//! the receiver's credit word, a send completion) and carries out what it answers: write this
+//! eager header and payload into that ring slot, write these bytes of a rendezvous send to the
+//! receive buffer with this immediate, report a mismatch. It never touches a queue pair or memory
+//! the NIC writes, so the simulator in `tests/sim.rs` can run it against the receiving half under
+//! any schedule. See `docs/protocol.md` for the protocol and `docs/architecture.md` for the shell.
+
+use super::verbs::{qp_chunk, seq_offset, Cts, EagerHdr, Imm, EAGER_DATA, EAGER_RTS, EAGER_URGENT, FIFO_DEPTH, MAX_GROUP, MAX_QPS, SIZES_ENTRY};
+use super::ProtoError;
+use std::collections::VecDeque;
+
+/// Send request slots per connection (NCCL's 32 requests, each up to a full grouped receive).
+pub const SEND_REQS: usize = 32 * MAX_GROUP;
+/// Header buffers for header-only announcements, after the per-request ones.
+pub const RTS_HDRS: usize = 16;
+/// Clear-to-send groups read out of the FIFO and not yet used up (the receiver has at most its
+/// 32 receives in flight, so a well-behaved peer never fills this).
+const GROUPS: usize = 64;
+
+/// The receiver's eager ring, as its metadata announced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingSpec {
+    pub slots: usize,
+    /// Largest message sent eagerly.
+    pub eager_max: usize,
+}
+
+/// Where a connection's counters start: zero on the wire; near the wrap in the simulator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// Sequence number of the first send.
+    pub seq: u32,
+    /// Index of the first clear-to-send entry (its stamp is the index + 1).
+    pub cts: u64,
+}
+
+/// What the transport does for a send request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendPlan {
+    /// No request slot, ring slot or clear-to-send yet: NCCL gets a NULL request and retries.
+    Busy,
+    /// A large send has no clear-to-send yet: write this header-only announcement into ring
+    /// slot `ring_slot` (from header buffer `hdr_slot`), then answer as for `Busy`. Made once per
+    /// send, so that a receive too small for it is reported instead of waited for.
+    Announce { ring_slot: usize, hdr_slot: usize, hdr: EagerHdr },
+    /// Write `hdr` (from header buffer `req`) and the payload into ring slot `ring_slot`, with
+    /// the immediate [`Imm::Eager`]. Call [`SendEngine::on_completion`] once the write completed
+    /// (at once, for a write whose bytes went inline).
+    Eager { req: u16, ring_slot: usize, hdr: EagerHdr },
+    /// A rendezvous send into `target`: write the size word at `sizes_off` of the transport's
+    /// sizes buffer, then post [`SendEngine::rdv_steps`] as the payload becomes readable.
+    Rdv { req: u16, target: RdvTarget },
+}
+
+/// Where a rendezvous send's bytes go (from the receiver's clear-to-send entry).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RdvTarget {
+    pub addr: u64,
+    pub rkey: u32,
+    pub size: usize,
+    /// Immediate data (host order) of each queue pair's completing write.
+    pub imm: u32,
+    /// Offset of this send's size word in the sizes FIFO (the same in the sender's staging copy).
+    pub sizes_off: u64,
+}
+
+/// How a queue pair's part of a rendezvous send is completed, once all its bytes are posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Close {
+    /// Queue pair 0: an 8-byte write of the size word into the sizes FIFO, with the immediate.
+    Size,
+    /// The data write of this step carries the immediate.
+    OnData,
+    /// No data in this step: a zero-byte send with the immediate.
+    Empty,
+}
+
+/// One queue pair's share of a rendezvous step: RDMA WRITE bytes `[off, off + len)` of the
+/// message to `target.addr + off`, then complete the part if `close` says so (signaled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdvStep {
+    pub q: usize,
+    pub data: Option<(usize, usize)>,
+    pub close: Option<Close>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct SendReq {
+    posted: bool,
+    /// Signaled writes not yet completed.
+    pending: u32,
+    size: usize,
+}
+
+/// A rendezvous send's progress: how far each queue pair's part is posted.
+#[derive(Clone, Copy, Default)]
+struct Rdv {
+    target: RdvTarget,
+    posted: [usize; MAX_QPS],
+    /// A bit per queue pair whose part is fully posted (its completing write included).
+    closed: u32,
+}
+
+/// A clear-to-send group: the buffers of one grouped receive, read out of the FIFO.
+#[derive(Clone, Copy)]
+struct Group {
+    slot: u16,
+    n: u8,
+    /// A bit per buffer already taken by a rendezvous send.
+    used: u8,
+    base: u32,
+    entries: [Cts; MAX_GROUP],
+}
+
+pub struct SendEngine {
+    nqps: usize,
+    ring: RingSpec,
+    seq: u32,
+    /// Eager ring slots written so far (the next is `eager_sent % ring.slots`).
+    eager_sent: u64,
+    /// Ring slots the receiver released (the last credit word seen).
+    credits: u64,
+    /// Index of the next clear-to-send entry to read out of the FIFO.
+    cts_next: u64,
+    groups: VecDeque<Group>,
+    /// The large send last announced (its sequence number).
+    rts_for: Option<u32>,
+    reqs: Box<[SendReq]>,
+    rdv: Box<[Rdv]>,
+    free: Vec<u16>,
+}
+
+impl SendEngine {
+    pub fn new(nqps: usize, ring: RingSpec, origin: Origin) -> SendEngine {
+        let mut free = Vec::with_capacity(SEND_REQS);
+        free.extend((0..SEND_REQS as u16).rev());
+        SendEngine {
+            nqps: nqps.clamp(1, MAX_QPS),
+            ring,
+            seq: origin.seq,
+            eager_sent: 0,
+            credits: 0,
+            cts_next: origin.cts,
+            groups: VecDeque::with_capacity(GROUPS),
+            rts_for: None,
+            reqs: vec![SendReq::default(); SEND_REQS].into_boxed_slice(),
+            rdv: vec![Rdv::default(); SEND_REQS].into_boxed_slice(),
+            free,
+        }
+    }
+
+    pub fn eager_max(&self) -> usize {
+        self.ring.eager_max
+    }
+
+    /// Requests posted and not yet reported done.
+    pub fn outstanding(&self) -> usize {
+        SEND_REQS - self.free.len()
+    }
+
+    /// The receiver's credit word (ring slots it released); stale values are harmless.
+    pub fn on_credit(&mut self, word: u64) {
+        // The word only grows; a value older than one already seen changes nothing.
+        if word.wrapping_sub(self.credits) as i64 > 0 && word.wrapping_sub(self.eager_sent) as i64 <= 0 {
+            self.credits = word;
+        }
+    }
+
+    fn free_slots(&self) -> usize {
+        self.ring.slots.saturating_sub(self.eager_sent.wrapping_sub(self.credits) as usize)
+    }
+
+    /// Where the next clear-to-send entry will be written: its FIFO slot and the stamp it will
+    /// carry. None while the groups already read are enough (the transport reads no further).
+    pub fn cts_wanted(&self) -> Option<(usize, u32)> {
+        (self.groups.len() < GROUPS).then(|| ((self.cts_next % FIFO_DEPTH as u64) as usize, (self.cts_next + 1) as u32))
+    }
+
+    /// The entries of the FIFO slot [`cts_wanted`](Self::cts_wanted) named, each one's stamp
+    /// loaded (acquire) before its other fields, as many entries as the first one's count says
+    /// (at least one). Returns whether the group was taken: false when it is not written yet, or
+    /// not all of it; the transport reads again later.
+    pub fn on_cts(&mut self, group: &[Cts]) -> Result<bool, ProtoError> {
+        let Some((_, want)) = self.cts_wanted() else { return Ok(false) };
+        let Some(first) = group.first() else { return Ok(false) };
+        let d = first.stamp.wrapping_sub(want) as i32;
+        if d < 0 {
+            return Ok(false); // not written yet
+        }
+        let n = first.n();
+        if n == 0 || n > MAX_GROUP {
+            return Err(ProtoError::CorruptCts { n });
+        }
+        if group.len() < n || group[..n].iter().any(|e| e.stamp != first.stamp) {
+            return Ok(false); // the rest of the group is still arriving
+        }
+        // d > 0: the receiver wrote this slot a lap later than expected, so every entry before it
+        // belonged to a receive whose sends all went eagerly; this one is the newest.
+        let index = self.cts_next + d as u64;
+        self.cts_next = index + 1;
+        self.prune();
+        if seq_offset(self.seq, first.base) < n as i64 {
+            let mut entries = [Cts::default(); MAX_GROUP];
+            entries[..n].copy_from_slice(&group[..n]);
+            let slot = (index % FIFO_DEPTH as u64) as u16;
+            self.groups.push_back(Group { slot, n: n as u8, used: 0, base: first.base, entries });
+        }
+        Ok(true)
+    }
+
+    /// Drop the groups whose sends have all been made (eagerly, or by rendezvous).
+    fn prune(&mut self) {
+        while let Some(g) = self.groups.front() {
+            if seq_offset(self.seq, g.base) < g.n as i64 {
+                break;
+            }
+            self.groups.pop_front();
+        }
+    }
+
+    /// A send of `size` bytes with `tag`, of which the first `ready` can be read yet (the staging
+    /// engine's copy may still be filling the rest).
+    pub fn post(&mut self, size: usize, tag: i32, ready: usize) -> Result<SendPlan, ProtoError> {
+        if self.free.is_empty() {
+            return Ok(SendPlan::Busy);
+        }
+        let seq = self.seq;
+        if size <= self.ring.eager_max {
+            // Eager messages are small: they go once all of them is ready.
+            let avail = self.free_slots();
+            if ready < size || avail == 0 {
+                return Ok(SendPlan::Busy);
+            }
+            let req = self.free.pop().unwrap();
+            let mut flags = EAGER_DATA;
+            if avail - 1 < self.ring.slots / 2 {
+                flags |= EAGER_URGENT;
+            }
+            let hdr = EagerHdr { seq, flags, size: size as u64, tag, _pad: [0; 3] };
+            let ring_slot = self.take_ring_slot();
+            self.reqs[req as usize] = SendReq { posted: true, pending: 1, size };
+            self.seq = seq.wrapping_add(1);
+            return Ok(SendPlan::Eager { req, ring_slot, hdr });
+        }
+        self.prune();
+        let Some(g) = self.groups.front_mut() else {
+            if self.rts_for != Some(seq) && self.free_slots() > 0 {
+                self.rts_for = Some(seq);
+                let hdr = EagerHdr { seq, flags: EAGER_RTS | EAGER_URGENT, size: size as u64, tag, _pad: [0; 3] };
+                let hdr_slot = SEND_REQS + (seq as usize % RTS_HDRS);
+                return Ok(SendPlan::Announce { ring_slot: self.take_ring_slot(), hdr_slot, hdr });
+            }
+            return Ok(SendPlan::Busy);
+        };
+        if seq_offset(seq, g.base) < 0 {
+            // This send belongs to an earlier receive that posted no clear-to-send: all its
+            // buffers are within the eager limit, so a large send cannot fit.
+            return Err(ProtoError::SendOverEager { size, tag, eager_max: self.ring.eager_max });
+        }
+        let n = g.n as usize;
+        let Some(r) = (0..n).find(|&r| g.used & (1 << r) == 0 && g.entries[r].tag == tag) else {
+            let mut tags = [0i32; MAX_GROUP];
+            for (t, e) in tags.iter_mut().zip(&g.entries[..n]) {
+                *t = e.tag;
+            }
+            return Err(ProtoError::SendTagUnmatched { tag, tags, n });
+        };
+        let cts = g.entries[r];
+        if size as u64 > cts.size() {
+            return Err(ProtoError::SendTooLarge { size, tag, recv: cts.size() });
+        }
+        g.used |= 1 << r;
+        let slot = g.slot as usize;
+        let req = self.free.pop().unwrap();
+        let target = RdvTarget {
+            addr: cts.addr,
+            rkey: cts.rkey,
+            size,
+            imm: Imm::Rdv { slot: slot as u32, entry: r as u32 }.encode(),
+            sizes_off: (slot * SIZES_ENTRY + r * 8) as u64,
+        };
+        self.rdv[req as usize] = Rdv { target, posted: [0; MAX_QPS], closed: 0 };
+        self.reqs[req as usize] = SendReq { posted: true, pending: self.nqps as u32, size };
+        self.seq = seq.wrapping_add(1);
+        Ok(SendPlan::Rdv { req, target })
+    }
+
+    fn take_ring_slot(&mut self) -> usize {
+        let s = (self.eager_sent % self.ring.slots as u64) as usize;
+        self.eager_sent += 1;
+        s
+    }
+
+    /// Where rendezvous send `req` writes.
+    pub fn target(&self, req: u16) -> RdvTarget {
+        self.rdv.get(req as usize).map(|r| r.target).unwrap_or_default()
+    }
+
+    /// Whether rendezvous send `req` still has parts to post.
+    pub fn rdv_open(&self, req: u16) -> bool {
+        let i = req as usize;
+        i < SEND_REQS && self.reqs[i].posted && self.rdv[i].target.size > 0 && self.rdv[i].closed != (1u32 << self.nqps) - 1
+    }
+
+    /// What to post of rendezvous send `req` now that its first `ready` bytes can be read: per
+    /// queue pair, the new bytes of its part, and once the part is complete the write that
+    /// carries the immediate. Returns the number of steps written to `out`.
+    pub fn rdv_steps(&mut self, req: u16, ready: usize, out: &mut [RdvStep; MAX_QPS]) -> usize {
+        let Some(p) = self.rdv.get_mut(req as usize) else { return 0 };
+        let size = p.target.size;
+        let ready = ready.min(size);
+        let mut k = 0;
+        for q in 0..self.nqps {
+            if p.closed & (1 << q) != 0 {
+                continue;
+            }
+            let (off, len) = qp_chunk(size, self.nqps, q);
+            let avail = ready.saturating_sub(off).min(len);
+            let mut data = None;
+            if avail > p.posted[q] {
+                data = Some((off + p.posted[q], avail - p.posted[q]));
+                p.posted[q] = avail;
+            }
+            let mut close = None;
+            if avail == len {
+                close = Some(match (q, data) {
+                    (0, _) => Close::Size,
+                    (_, Some(_)) => Close::OnData,
+                    (_, None) => Close::Empty,
+                });
+                p.closed |= 1 << q;
+            }
+            if data.is_some() || close.is_some() {
+                out[k] = RdvStep { q, data, close };
+                k += 1;
+            }
+        }
+        k
+    }
+
+    /// A signaled write of request `req` completed (or an eager one went inline, complete at post).
+    pub fn on_completion(&mut self, req: u16) {
+        if let Some(r) = self.reqs.get_mut(req as usize) {
+            r.pending = r.pending.saturating_sub(1);
+        }
+    }
+
+    /// Whether `req` still waits for completions (Err if it is not in flight).
+    pub fn waiting(&self, req: u32) -> Result<bool, ProtoError> {
+        match self.reqs.get(req as usize) {
+            Some(r) if r.posted => Ok(r.pending > 0),
+            _ => Err(ProtoError::NotInFlight { req, send: true }),
+        }
+    }
+
+    /// Report `req` done if it is: its size, and the slot is free again.
+    pub fn take(&mut self, req: u32) -> Result<Option<usize>, ProtoError> {
+        if self.waiting(req)? {
+            return Ok(None);
+        }
+        let r = &mut self.reqs[req as usize];
+        r.posted = false;
+        self.rdv[req as usize].target.size = 0;
+        self.free.push(req as u16);
+        Ok(Some(r.size))
+    }
+}

@@ -1,0 +1,266 @@
+//! The receiving shell: turns completions (immediates), eager ring headers and the sizes FIFO the
+//! sender writes into events for the [`RecvEngine`], and posts what it answers (clear-to-send
+//! groups, credit words, flush reads) as work requests; copies eager payloads out of the ring.
+
+use super::conn::{dev_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, KIND_CTRL, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RECV_QP_RQ, SIGNAL_EVERY};
+use super::res::{Cq, QpRts, RegBuf};
+use crate::error::{Error, Result};
+use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
+use crate::proto::send::Origin;
+use crate::proto::verbs::{Cts, EagerHdr, Imm, EAGER_HDR, FIFO_BYTES, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use crate::sys::ib::*;
+use crate::sys::verbs;
+use crate::transport::{path_of, Conn, Path, RecvBuf, MAX_RECVS};
+use std::sync::atomic::{fence, Ordering};
+
+/// Post `n` zero-length receives on `qp` (each consumes one completion with immediate data).
+pub fn post_recvs(qp: &QpRts, n: u32) -> std::result::Result<(), i32> {
+    for _ in 0..n {
+        let mut wr = ibv_recv_wr { wr_id: KIND_RECV << KIND_SHIFT, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a valid receive work request without a scatter list, on a live queue pair.
+        let rc = unsafe { verbs::post_recv(qp.qp().raw(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(rc);
+        }
+    }
+    Ok(())
+}
+
+pub struct VerbsRecv {
+    qps: Vec<QpRts>,
+    flush_qp: QpRts,
+    cq: Cq,
+    /// CTS entries staged for the RDMA write into the sender's FIFO.
+    cts_out: RegBuf,
+    /// Sizes of rendezvous sends, written by the sender.
+    sizes_in: RegBuf,
+    /// The eager ring the sender writes into.
+    ring: RegBuf,
+    slot_bytes: usize,
+    /// Where flush reads land; also the source of credit writes.
+    scratch: RegBuf,
+    rem_fifo_addr: u64,
+    rem_fifo_rkey: u32,
+    eng: RecvEngine,
+    /// Receives consumed per QP since the last repost.
+    consumed: [u32; MAX_QPS],
+    unsignaled: [u32; MAX_QPS],
+    wrs: [ibv_send_wr; 1],
+    sges: [ibv_sge; 1],
+    flush_disabled: bool,
+    pub c: Common,
+}
+
+// SAFETY: the raw pointers inside (work requests, registered memory) are owned by this comm and
+// only used under its lock.
+unsafe impl Send for VerbsRecv {}
+
+impl VerbsRecv {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        c: Common,
+        qps: Vec<QpRts>,
+        flush_qp: QpRts,
+        cq: Cq,
+        cts_out: RegBuf,
+        sizes_in: RegBuf,
+        ring: RegBuf,
+        eager_max: usize,
+        scratch: RegBuf,
+        rem_fifo: (u64, u32),
+        flush_disabled: bool,
+    ) -> VerbsRecv {
+        let eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, Origin::default());
+        VerbsRecv {
+            qps,
+            flush_qp,
+            cq,
+            cts_out,
+            sizes_in,
+            ring,
+            slot_bytes: slot_bytes(eager_max),
+            scratch,
+            rem_fifo_addr: rem_fifo.0,
+            rem_fifo_rkey: rem_fifo.1,
+            eng,
+            consumed: [0; MAX_QPS],
+            unsignaled: [0; MAX_QPS],
+            // SAFETY: all-zero work requests and scatter entries are valid (null pointers, 0 sizes).
+            wrs: unsafe { std::mem::zeroed() },
+            sges: unsafe { std::mem::zeroed() },
+            flush_disabled,
+            c,
+        }
+    }
+
+    /// Post one RDMA WRITE of our memory `[src, src+len)` (lkey) to the sender's FIFO memory.
+    fn post_ctrl(&mut self, q: usize, src: u64, lkey: u32, len: usize, remote: u64) -> Result<()> {
+        self.sges[0] = ibv_sge { addr: src, length: len as u32, lkey };
+        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, KIND_CTRL << KIND_SHIFT, remote, self.rem_fifo_rkey, 1);
+        if len <= self.qps[q].qp().max_inline as usize {
+            self.wrs[0].send_flags |= IBV_SEND_INLINE;
+        }
+        self.unsignaled[q] += 1;
+        if self.unsignaled[q] >= SIGNAL_EVERY {
+            self.wrs[0].send_flags |= IBV_SEND_SIGNALED;
+            self.unsignaled[q] = 0;
+        }
+        if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
+            return Err(self.c.post_failed(self.qps[q].qp().qpn(), "posting a control write", rc));
+        }
+        Ok(())
+    }
+
+    /// Match arrived eager slots, in order, as far as posted receives allow, copy their payloads
+    /// out, and return credits when the engine says so.
+    fn drain_ring(&mut self) -> Result<()> {
+        while let Some(slot) = self.eng.next_eager() {
+            // SAFETY: `slot < RING_SLOTS`, inside the ring buffer (RING_SLOTS slots of slot_bytes).
+            let p = unsafe { self.ring.buf.ptr().add(slot * self.slot_bytes) };
+            // SAFETY: the header is aligned in the slot; volatile because the NIC wrote it (its
+            // immediate has been seen, so the write is complete).
+            let h = unsafe { std::ptr::read_volatile(p as *const EagerHdr) };
+            match self.eng.on_eager(h) {
+                Err(e) => return Err(self.c.proto(e)),
+                Ok(EagerStep::Wait) => break,
+                Ok(EagerStep::Consumed) => {}
+                Ok(EagerStep::Copy { dst, len, gpu }) => {
+                    // SAFETY: the payload follows the header in the slot (len <= eager_max, checked by
+                    // the engine); `dst` is the posted receive buffer of at least `len` bytes.
+                    let src = unsafe { p.add(EAGER_HDR) };
+                    if gpu {
+                        if let Err(e) = crate::cuda::copy_to_device_sync(dst as usize, src, len) {
+                            return Err(self.c.die(Error::system(format!("{}: eager message into GPU memory: {e}", self.c.where_(0)))));
+                        }
+                    } else {
+                        // SAFETY: see above; host memory the receive owns until it completes.
+                        unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) };
+                    }
+                    self.eng.copy_done();
+                }
+            }
+        }
+        if let Some(word) = self.eng.credit_due() {
+            // The copies out of the released slots (loads) complete before the credit that lets
+            // the sender overwrite them is written: Arm may otherwise let the later store (and the
+            // doorbell, whose barrier orders stores only) pass those loads.
+            fence(Ordering::SeqCst);
+            let w = self.scratch.buf.ptr() as *mut u64;
+            // SAFETY: the scratch buffer holds 64 bytes of our own memory; word 1 is the credit's.
+            unsafe { w.add(1).write(word) };
+            let (src, lkey) = (self.scratch.addr() + 8, self.scratch.mr.lkey());
+            self.post_ctrl(0, src, lkey, 8, self.rem_fifo_addr + FIFO_BYTES as u64)?;
+        }
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        let n = self.c.poll(&self.cq)?;
+        for i in 0..n {
+            let wc = self.c.wc[i];
+            match wc.wr_id >> KIND_SHIFT {
+                KIND_RECV => {
+                    if let Some(q) = self.qps.iter().position(|q| q.qp().qpn() == wc.qp_num) {
+                        self.consumed[q] += 1;
+                    }
+                    // SAFETY: a receive completion with immediate data (every write to us has one).
+                    match Imm::decode(u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })) {
+                        Imm::Eager(_) => self.eng.on_eager_imm(),
+                        Imm::Rdv { slot, entry } => {
+                            let (s, e) = (slot as usize, entry as usize);
+                            let size = if s < FIFO_DEPTH && e < MAX_GROUP {
+                                // SAFETY: inside the sizes FIFO (FIFO_DEPTH entries of MAX_GROUP
+                                // words); the sender's size write came before the last immediate.
+                                unsafe { std::ptr::read_volatile((self.sizes_in.buf.ptr() as *const u64).add(s * MAX_GROUP + e)) }
+                            } else {
+                                0
+                            };
+                            if let Err(e) = self.eng.on_rdv_imm(slot, entry, size) {
+                                return Err(self.c.proto(e));
+                            }
+                        }
+                    }
+                }
+                KIND_FLUSH => self.eng.on_flush_done((wc.wr_id & 0xffff) as u16),
+                _ => {}
+            }
+        }
+        self.c.check()?;
+        for q in 0..self.qps.len() {
+            if self.consumed[q] >= RECV_QP_RQ / 4 {
+                if let Err(rc) = post_recvs(&self.qps[q], self.consumed[q]) {
+                    return Err(self.c.post_failed(self.qps[q].qp().qpn(), "ibv_post_recv", rc));
+                }
+                self.consumed[q] = 0;
+            }
+        }
+        if n > 0 {
+            self.drain_ring()?;
+        }
+        Ok(n > 0)
+    }
+}
+
+impl Conn for VerbsRecv {
+    fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+        self.c.check()?;
+        let n = bufs.len().min(MAX_RECVS);
+        let dev = dev_id(self.c.port);
+        let mut specs = [RecvSpec::default(); MAX_RECVS];
+        for (s, b) in specs.iter_mut().zip(&bufs[..n]) {
+            let rkey = if b.size > 0 { mr_for(b.mr, b.ptr as usize, b.size, dev, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkey } else { 0 };
+            *s = RecvSpec { addr: b.ptr as u64, size: b.size as u64, rkey, tag: b.tag, gpu: path_of(b.mr) == Path::Gdr };
+        }
+        let RecvPlan::Posted { req, cts } = self.eng.post(&specs[..n]) else { return Ok(None) };
+        if let Some(p) = cts {
+            let cts_size = std::mem::size_of::<Cts>();
+            let off = p.slot * MAX_GROUP * cts_size;
+            // SAFETY: slot < FIFO_DEPTH: inside the staging copy of the FIFO (FIFO_BYTES), our own
+            // memory; the previous write from this slot completed long ago (a lap of the FIFO).
+            let out = unsafe { self.cts_out.buf.ptr().add(off) as *mut Cts };
+            for (i, e) in p.entries[..p.n].iter().enumerate() {
+                // SAFETY: see above (i < MAX_GROUP).
+                unsafe { out.add(i).write(*e) };
+            }
+            let (src, lkey) = (self.cts_out.addr() + off as u64, self.cts_out.mr.lkey());
+            self.post_ctrl(p.q, src, lkey, p.n * cts_size, self.rem_fifo_addr + off as u64)?;
+        }
+        // Eager messages that arrived before this receive.
+        self.drain_ring()?;
+        Ok(Some(req as u32))
+    }
+
+    fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+        self.c.check()?;
+        if self.flush_disabled {
+            return Ok(None);
+        }
+        let Some(b) = bufs.iter().rev().find(|b| b.size > 0) else { return Ok(None) };
+        let m = mr_for(b.mr, b.ptr as usize, b.size, dev_id(self.c.port), IBV_ACCESS_REMOTE_READ, "iflush")?;
+        let req = self.eng.post_flush().map_err(|e| self.c.proto(e))?;
+        self.sges[0] = ibv_sge { addr: self.scratch.addr(), length: 1, lkey: self.scratch.mr.lkey() };
+        self.wrs[0] = rdma_wr(IBV_WR_RDMA_READ, (KIND_FLUSH << KIND_SHIFT) | req as u64, b.ptr as u64, m.rkey, 1);
+        self.wrs[0].send_flags = IBV_SEND_SIGNALED;
+        if let Err(rc) = post_chain(&self.flush_qp, &mut self.wrs, &mut self.sges, 1) {
+            return Err(self.c.post_failed(self.flush_qp.qp().qpn(), "posting the flush read", rc));
+        }
+        Ok(Some(req as u32))
+    }
+
+    fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
+        let waiting = self.eng.waiting(slot).map_err(|e| self.c.proto(e))?;
+        let moved = waiting && self.progress()?;
+        if let Some(n) = self.eng.take(slot, sizes).map_err(|e| self.c.proto(e))? {
+            return Ok(Some(n));
+        }
+        if !moved {
+            self.c.idle(self.eng.outstanding())?;
+        }
+        Ok(None)
+    }
+
+    fn capacity(&self) -> usize {
+        RECV_REQS + FLUSH_REQS
+    }
+}

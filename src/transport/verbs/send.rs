@@ -1,0 +1,294 @@
+//! The sending shell: reads the clear-to-send FIFO and the credit word the receiver writes into
+//! our memory, feeds them to the [`SendEngine`], and posts what it answers as work requests.
+
+use super::conn::{dev_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, KIND_CTRL, KIND_SEND, KIND_SHIFT, SIGNAL_EVERY};
+use super::res::{Cq, QpRts, RegBuf};
+use crate::error::Result;
+use crate::proto::send::{Close, Origin, RdvStep, RingSpec, SendEngine, SendPlan, SEND_REQS};
+use crate::proto::verbs::{Cts, EagerHdr, Imm, EAGER_DATA, EAGER_HDR, FIFO_BYTES, MAX_GROUP, MAX_QPS};
+use crate::sys::ib::*;
+use crate::sys::verbs;
+use crate::transport::{path_of, Conn, MrInfo, Path, MAX_RECVS};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+
+/// Where the sender's eager messages go.
+pub struct Ring {
+    pub addr: u64,
+    pub rkey: u32,
+    pub slots: usize,
+    pub eager_max: usize,
+}
+
+pub struct VerbsSend {
+    // Field order is drop order: QPs before their CQ, MRs before their memory.
+    qps: Vec<QpRts>,
+    cq: Cq,
+    /// The CTS FIFO the receiver writes into, followed by the credit word.
+    fifo: RegBuf,
+    /// Sizes of rendezvous sends, staged for the write into the receiver's sizes FIFO.
+    sizes_out: RegBuf,
+    /// Eager headers, one per request slot, then the announcements'.
+    hdrs: RegBuf,
+    rem_sizes_addr: u64,
+    rem_sizes_rkey: u32,
+    ring: Ring,
+    eng: SendEngine,
+    /// Local source (address, lkey) of each request slot's rendezvous send.
+    local: Box<[(u64, u32)]>,
+    /// Eager writes posted unsignaled since the last signaled one.
+    unsignaled: u32,
+    steps: [RdvStep; MAX_QPS],
+    wrs: [ibv_send_wr; 3],
+    sges: [ibv_sge; 3],
+    pub c: Common,
+}
+
+// SAFETY: the raw pointers inside (work requests, registered memory) are owned by this comm and
+// only used under its lock.
+unsafe impl Send for VerbsSend {}
+
+impl VerbsSend {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(c: Common, qps: Vec<QpRts>, cq: Cq, fifo: RegBuf, sizes_out: RegBuf, hdrs: RegBuf, rem_sizes: (u64, u32), ring: Ring) -> VerbsSend {
+        let eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, Origin::default());
+        VerbsSend {
+            qps,
+            cq,
+            fifo,
+            sizes_out,
+            hdrs,
+            rem_sizes_addr: rem_sizes.0,
+            rem_sizes_rkey: rem_sizes.1,
+            ring,
+            eng,
+            local: vec![(0, 0); SEND_REQS].into_boxed_slice(),
+            unsignaled: 0,
+            steps: [RdvStep { q: 0, data: None, close: None }; MAX_QPS],
+            // SAFETY: all-zero work requests and scatter entries are valid (null pointers, 0 sizes).
+            wrs: unsafe { std::mem::zeroed() },
+            sges: unsafe { std::mem::zeroed() },
+            c,
+        }
+    }
+
+    fn entry_ptr(&self, slot: usize, r: usize) -> *mut Cts {
+        // SAFETY: `slot < FIFO_DEPTH` and `r < MAX_GROUP` (the engine's and our bounds), inside the
+        // FIFO_BYTES the FIFO buffer holds.
+        unsafe { (self.fifo.buf.ptr() as *mut Cts).add(slot * MAX_GROUP + r) }
+    }
+
+    /// The stamp of a CTS entry, loaded alone with acquire: the entry's other fields are read
+    /// after it. A 32-byte volatile read is several loads that Arm may reorder, so reading the
+    /// stamp in the same read as the fields could pair a new stamp with the slot's old fields.
+    fn stamp(&self, slot: usize, r: usize) -> u32 {
+        let p = self.entry_ptr(slot, r);
+        // SAFETY: the FIFO is registered memory that lives as long as the connection, the stamp is
+        // an aligned u32 that only the NIC writes, and no Rust reference to it exists.
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*p).stamp)) }.load(Ordering::Acquire)
+    }
+
+    /// A CTS entry with the stamp loaded before its fields.
+    fn entry(&self, slot: usize, r: usize) -> Cts {
+        let stamp = self.stamp(slot, r);
+        // SAFETY: as for `stamp`; a volatile read because the NIC writes the entry.
+        let mut e = unsafe { std::ptr::read_volatile(self.entry_ptr(slot, r)) };
+        e.stamp = stamp;
+        e
+    }
+
+    /// Hand the engine the clear-to-send groups that have arrived, in order.
+    fn read_cts(&mut self) -> Result<()> {
+        while let Some((slot, want)) = self.eng.cts_wanted() {
+            let mut g = [Cts::default(); MAX_GROUP];
+            g[0] = self.entry(slot, 0);
+            if (g[0].stamp.wrapping_sub(want) as i32) < 0 {
+                break; // not written yet
+            }
+            let n = g[0].n().clamp(1, MAX_GROUP);
+            for (r, e) in g.iter_mut().enumerate().take(n).skip(1) {
+                *e = self.entry(slot, r);
+            }
+            fence(Ordering::Acquire);
+            match self.eng.on_cts(&g[..n]) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => return Err(self.c.proto(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The credit word the receiver writes after the FIFO (ring slots it released).
+    fn read_credits(&mut self) {
+        // SAFETY: the word is an aligned u64 of the registered FIFO buffer, written by the NIC.
+        let w = unsafe { std::ptr::read_volatile(self.fifo.buf.ptr().add(FIFO_BYTES) as *const u64) };
+        self.eng.on_credit(w);
+    }
+
+    fn post(&mut self, q: usize, k: usize) -> Result<()> {
+        if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, k) {
+            return Err(self.c.post_failed(self.qps[q].qp().qpn(), "ibv_post_send", rc));
+        }
+        Ok(())
+    }
+
+    /// One eager write into the receiver's ring: header (+ payload). Returns whether it went
+    /// inline and unsignaled: the payload was copied at post time, nothing to wait for.
+    /// `on_gpu`: the payload is GPU memory, which only the NIC may read (never inline).
+    fn post_eager(&mut self, ring_slot: usize, hdr_slot: usize, h: EagerHdr, (data, lkey): (u64, u32), wr_id: u64, on_gpu: bool) -> Result<bool> {
+        // SAFETY: `hdr_slot < SEND_REQS + RTS_HDRS`, the header buffers HDRS_BYTES holds.
+        let hp = unsafe { self.hdrs.buf.ptr().add(hdr_slot * EAGER_HDR) as *mut EagerHdr };
+        // SAFETY: our own registered memory, aligned for the header, not in flight (its request
+        // slot, or the announcement's, is ours until its write completes).
+        unsafe { hp.write(h) };
+        let size = if h.flags & EAGER_DATA != 0 { h.size as usize } else { 0 };
+        self.sges[0] = ibv_sge { addr: hp as u64, length: EAGER_HDR as u32, lkey: self.hdrs.mr.lkey() };
+        self.sges[1] = ibv_sge { addr: data, length: size as u32, lkey };
+        let remote = self.ring.addr + (ring_slot * slot_bytes(self.ring.eager_max)) as u64;
+        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, remote, self.ring.rkey, if size > 0 { 2 } else { 1 });
+        self.wrs[0].sg_list = self.sges.as_mut_ptr();
+        self.wrs[0].__bindgen_anon_1.imm_data = Imm::Eager(ring_slot as u32).encode().to_be();
+        let inline = !on_gpu && EAGER_HDR + size <= self.qps[0].qp().max_inline as usize;
+        self.unsignaled += 1;
+        let quiet = inline && self.unsignaled < SIGNAL_EVERY;
+        self.wrs[0].send_flags = if inline { IBV_SEND_INLINE } else { 0 };
+        if !quiet {
+            // A signaled completion also releases the send-queue slots of the quiet ones before.
+            self.wrs[0].send_flags |= IBV_SEND_SIGNALED;
+            self.unsignaled = 0;
+        }
+        self.wrs[0].next = std::ptr::null_mut();
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the work request and its scatter list are valid and outlive the call.
+        let rc = unsafe { verbs::post_send(self.qps[0].qp().raw(), self.wrs.as_mut_ptr(), &mut bad) };
+        if rc != 0 {
+            return Err(self.c.post_failed(self.qps[0].qp().qpn(), "ibv_post_send (eager)", rc));
+        }
+        Ok(quiet)
+    }
+
+    /// Post what is newly ready (the first `ready` bytes) of rendezvous send `req`, as the
+    /// engine's steps say: per QP, one RDMA WRITE of its part's new bytes, and once the part is
+    /// complete the signaled write that carries the immediate (QP 0: the size word's).
+    fn post_rdv(&mut self, req: u16, ready: usize) -> Result<()> {
+        let k = self.eng.rdv_steps(req, ready, &mut self.steps);
+        let t = self.eng.target(req);
+        let (data, lkey) = self.local[req as usize];
+        let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
+        for i in 0..k {
+            let s = self.steps[i];
+            let mut n = 0;
+            if let Some((off, len)) = s.data {
+                self.sges[0] = ibv_sge { addr: data + off as u64, length: len as u32, lkey };
+                self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, t.addr + off as u64, t.rkey, 1);
+                n = 1;
+            }
+            match s.close {
+                None => {}
+                Some(Close::Size) => {
+                    self.sges[n] = ibv_sge { addr: self.sizes_out.addr() + t.sizes_off, length: 8, lkey: self.sizes_out.mr.lkey() };
+                    self.wrs[n] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, self.rem_sizes_addr + t.sizes_off, self.rem_sizes_rkey, 1);
+                    self.wrs[n].send_flags |= IBV_SEND_INLINE;
+                    n += 1;
+                }
+                Some(Close::OnData) => self.wrs[n - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                Some(Close::Empty) => {
+                    self.wrs[0] = rdma_wr(IBV_WR_SEND_WITH_IMM, wr_id, 0, 0, 0);
+                    n = 1;
+                }
+            }
+            if s.close.is_some() {
+                self.wrs[n - 1].__bindgen_anon_1.imm_data = t.imm.to_be();
+                self.wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
+            }
+            self.post(s.q, n)?;
+        }
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        let n = self.c.poll(&self.cq)?;
+        for i in 0..n {
+            let wc = self.c.wc[i];
+            if wc.wr_id >> KIND_SHIFT == KIND_SEND {
+                self.eng.on_completion((wc.wr_id & 0xffff) as u16);
+            }
+        }
+        self.c.check()?;
+        Ok(n > 0)
+    }
+
+    fn back_pressure(&mut self) -> Result<Option<u32>> {
+        if !self.progress()? {
+            self.c.idle(self.eng.outstanding())?;
+        }
+        Ok(None)
+    }
+}
+
+impl Conn for VerbsSend {
+    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo) -> Result<Option<u32>> {
+        self.isend_partial(data, size, tag, mr, size)
+    }
+
+    /// A partial send goes eagerly only once all of it is ready (eager messages are small); by
+    /// rendezvous, its writes are posted as far as it is ready, the rest by `set_ready`.
+    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo, ready: usize) -> Result<Option<u32>> {
+        self.c.check()?;
+        let lkey = if size > 0 { mr_for(mr, data as usize, size, dev_id(self.c.port), 0, "isend")?.lkey } else { 0 };
+        self.read_credits();
+        if size > self.eng.eager_max() {
+            self.read_cts()?;
+        }
+        match self.eng.post(size, tag, ready) {
+            Err(e) => Err(self.c.proto(e)),
+            Ok(SendPlan::Busy) => self.back_pressure(),
+            Ok(SendPlan::Announce { ring_slot, hdr_slot, hdr }) => {
+                self.post_eager(ring_slot, hdr_slot, hdr, (0, 0), KIND_CTRL << KIND_SHIFT, false)?;
+                self.back_pressure()
+            }
+            Ok(SendPlan::Eager { req, ring_slot, hdr }) => {
+                let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
+                if self.post_eager(ring_slot, req as usize, hdr, (data as u64, lkey), wr_id, path_of(mr) == Path::Gdr)? {
+                    // An inline send is complete once posted: its bytes are in the work request.
+                    self.eng.on_completion(req);
+                }
+                Ok(Some(req as u32))
+            }
+            Ok(SendPlan::Rdv { req, target }) => {
+                // SAFETY: `sizes_off` is inside the SIZES_ENTRY-per-slot buffer (slot < FIFO_DEPTH,
+                // entry < MAX_GROUP), an aligned u64 of our own memory.
+                unsafe { (self.sizes_out.buf.ptr().add(target.sizes_off as usize) as *mut u64).write(size as u64) };
+                self.local[req as usize] = (data as u64, lkey);
+                self.post_rdv(req, ready)?;
+                Ok(Some(req as u32))
+            }
+        }
+    }
+
+    fn set_ready(&mut self, slot: u32, ready: usize) -> Result<()> {
+        self.c.check()?;
+        let req = slot as u16;
+        if slot < SEND_REQS as u32 && self.eng.rdv_open(req) {
+            self.post_rdv(req, ready)?;
+        }
+        Ok(())
+    }
+
+    fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
+        let waiting = self.eng.waiting(slot).map_err(|e| self.c.proto(e))?;
+        let moved = waiting && self.progress()?;
+        if let Some(size) = self.eng.take(slot).map_err(|e| self.c.proto(e))? {
+            sizes[0] = size;
+            return Ok(Some(1));
+        }
+        if !moved {
+            self.c.idle(self.eng.outstanding())?;
+        }
+        Ok(None)
+    }
+
+    fn capacity(&self) -> usize {
+        SEND_REQS
+    }
+}
