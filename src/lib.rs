@@ -7,6 +7,7 @@ pub mod cuda;
 pub mod doctor;
 pub mod error;
 pub mod gdr;
+pub mod handles;
 pub mod log;
 pub mod plugin;
 pub mod proto;

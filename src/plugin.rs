@@ -15,6 +15,7 @@ use crate::transport::verbs::dev::IbPort;
 use crate::transport::verbs::{self, Setup};
 use crate::staging::{NoRegistration, Registrar, Staged};
 use crate::transport::{Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
+use crate::handles::{Guard, Kind, Stale, Table, Token, MAX_REQUESTS};
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 use std::ffi::{c_char, c_void, CString};
@@ -258,33 +259,51 @@ pub fn properties(dev: i32) -> Result<Props> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Live objects. Every pointer handed to NCCL is registered here, so a stale or foreign pointer is
-// an error instead of a crash (on the setup and teardown paths; the data path checks a magic).
+// Handles. Every object handed to NCCL lives in a table of its kind and is named by a token (see
+// `handles`): a stale or foreign handle is an error, found without reading through it.
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Obj {
-    Ctx,
-    Listen,
-    Comm,
-    Mr,
-    Connector(u64),
+static CTXS: Table<Ctx> = Table::new();
+static LISTENS: Table<ListenComm> = Table::new();
+static COMMS: Table<Comm> = Table::new();
+static MRS: Table<Mr> = Table::new();
+
+fn token(p: *mut c_void, kinds: &[Kind], what: &str) -> Result<Token> {
+    match Token::from_ptr(p) {
+        Some(t) if kinds.contains(&t.kind) => Ok(t),
+        _ if p.is_null() => Err(Error::internal(format!("{what} is NULL"))),
+        _ => Err(Error::internal(format!("{what} {p:p} is not a rivet {what}"))),
+    }
 }
 
-static LIVE: Mutex<Option<HashMap<usize, Obj>>> = Mutex::new(None);
-
-fn live() -> MutexGuard<'static, Option<HashMap<usize, Obj>>> {
-    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+fn stale(what: &str, p: *mut c_void, s: Stale) -> Error {
+    match s {
+        Stale::Poisoned => Error::internal(format!("{what} {p:p} unusable after an earlier internal error")),
+        Stale::Closed => Error::internal(format!("{what} {p:p} was already closed")),
+        Stale::Foreign => Error::internal(format!("{what} {p:p} is not a rivet {what}")),
+    }
 }
 
-fn register(p: usize, o: Obj) {
-    live().get_or_insert_with(HashMap::new).insert(p, o);
+fn full(what: &str) -> Error {
+    Error::internal(format!("too many open {what}s"))
 }
 
-/// Remove `p` if it is a live object of kind `o`.
-fn unregister(p: usize, o: Obj) -> bool {
-    let mut g = live();
+// The connect stages NCCL keeps in its handle buffer between calls: a pointer and a cookie,
+// checked here before use.
+static STAGES: Mutex<Option<HashMap<usize, u64>>> = Mutex::new(None);
+
+fn stages() -> MutexGuard<'static, Option<HashMap<usize, u64>>> {
+    STAGES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn stage_register(p: usize, cookie: u64) {
+    stages().get_or_insert_with(HashMap::new).insert(p, cookie);
+}
+
+/// Remove stage `p` if it is live with `cookie`.
+fn stage_unregister(p: usize, cookie: u64) -> bool {
+    let mut g = stages();
     let m = g.get_or_insert_with(HashMap::new);
-    if m.get(&p) == Some(&o) {
+    if m.get(&p) == Some(&cookie) {
         m.remove(&p);
         true
     } else {
@@ -292,8 +311,8 @@ fn unregister(p: usize, o: Obj) -> bool {
     }
 }
 
-fn is_live(p: usize, o: Obj) -> bool {
-    live().as_ref().and_then(|m| m.get(&p)).copied() == Some(o)
+fn stage_live(p: usize, cookie: u64) -> bool {
+    stages().as_ref().and_then(|m| m.get(&p)).copied() == Some(cookie)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -306,28 +325,28 @@ pub struct Ctx {
 
 static NCTX: AtomicU32 = AtomicU32::new(0);
 
-pub fn ctx_new(comm_id: u64, traffic_class: i32) -> *mut c_void {
-    let p = Box::into_raw(Box::new(Ctx { comm_id, traffic_class })) as *mut c_void;
-    register(p as usize, Obj::Ctx);
+pub fn ctx_new(comm_id: u64, traffic_class: i32) -> Result<*mut c_void> {
+    let p = CTXS.insert(Kind::Ctx, Ctx { comm_id, traffic_class }).ok_or_else(|| full("context"))?.to_ptr();
     let n = NCTX.fetch_add(1, Ordering::Relaxed) + 1;
     log::trace!("NET/rivet: context {p:p} for communicator {comm_id:#x} ({n} open)");
-    p
+    Ok(p)
+}
+
+fn unknown_ctx(ctx: *mut c_void) -> Error {
+    Error::internal(format!("unknown plugin context {ctx:p} (not returned by init, or finalized)"))
 }
 
 /// Checks a context; returns its traffic class when the communicator set one.
 pub fn ctx_check(ctx: *mut c_void) -> Result<Option<u8>> {
-    if ctx.is_null() || !is_live(ctx as usize, Obj::Ctx) {
-        return Err(Error::internal(format!("unknown plugin context {ctx:p} (not returned by init, or finalized)")));
-    }
-    let tc = unsafe { (*(ctx as *const Ctx)).traffic_class };
+    let t = Token::from_ptr(ctx).filter(|t| t.kind == Kind::Ctx).ok_or_else(|| unknown_ctx(ctx))?;
+    let tc = CTXS.get(t).map_err(|_| unknown_ctx(ctx))?.traffic_class;
     Ok(u8::try_from(tc).ok())
 }
 
 pub fn ctx_finalize(ctx: *mut c_void) -> Result<()> {
-    if ctx.is_null() || !unregister(ctx as usize, Obj::Ctx) {
-        return Err(Error::internal(format!("finalize of an unknown or already finalized context {ctx:p}")));
-    }
-    let c = unsafe { Box::from_raw(ctx as *mut Ctx) };
+    let bad = || Error::internal(format!("finalize of an unknown or already finalized context {ctx:p}"));
+    let t = Token::from_ptr(ctx).filter(|t| t.kind == Kind::Ctx).ok_or_else(bad)?;
+    let c = CTXS.remove(t).map_err(|_| bad())?;
     let n = NCTX.fetch_sub(1, Ordering::Relaxed) - 1;
     log::trace!("NET/rivet: finalized context for communicator {:#x} ({n} open)", c.comm_id);
     Ok(())
@@ -338,10 +357,6 @@ pub fn ctx_finalize(ctx: *mut c_void) -> Result<()> {
 
 pub struct ListenComm {
     dev: i32,
-    inner: Mutex<Accepting>,
-}
-
-struct Accepting {
     listener: Listener,
     /// RDMA setups of connections whose TCP handshake is done.
     setups: Vec<Setup>,
@@ -386,7 +401,7 @@ fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> {
     Ok(unsafe { &mut *(handle as *mut [u8; HANDLE_SIZE]) })
 }
 
-/// A connector in progress: its stage (registered as `Obj::Connector(cookie)`), when NCCL last
+/// A connector in progress: its stage (registered in STAGES with its cookie), when NCCL last
 /// called connect for it, and whom it connects to.
 struct Connecting {
     stage: usize,
@@ -418,7 +433,7 @@ fn reap_connectors(g: &mut Vec<Connecting>, keep: Option<(usize, u64)>) {
             continue;
         }
         let c = g.swap_remove(i);
-        if unregister(c.stage, Obj::Connector(c.cookie)) {
+        if stage_unregister(c.stage, c.cookie) {
             // SAFETY: the stage was registered by connect and just unregistered here, under the
             // lock every connect call holds: nobody else can reach it.
             drop(unsafe { Box::from_raw(c.stage as *mut Stage) });
@@ -444,10 +459,8 @@ pub fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
     let (l, h) = Listener::new(&d.iface, transport_of(d), config::get().timeout())?;
     h.encode(buf);
     log::trace!("NET/rivet: listening on {} (dev {dev})", l.addr);
-    let inner = Mutex::new(Accepting { listener: l, setups: Vec::new() });
-    let p = Box::into_raw(Box::new(ListenComm { dev, inner })) as *mut c_void;
-    register(p as usize, Obj::Listen);
-    Ok(p)
+    let lc = ListenComm { dev, listener: l, setups: Vec::new() };
+    Ok(LISTENS.insert(Kind::Listen, lc).ok_or_else(|| full("listen comm"))?.to_ptr())
 }
 
 /// Non-blocking connect: Ok(null) until the connection is up; NCCL calls again with the same handle.
@@ -460,7 +473,7 @@ pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Resu
     let mut g = connecting();
     reap_connectors(&mut g, Some((sp as usize, cookie)));
     let conn_ptr = if sp != 0 {
-        if !is_live(sp as usize, Obj::Connector(cookie)) {
+        if !stage_live(sp as usize, cookie) {
             let reaped = REAPED.lock().unwrap_or_else(|p| p.into_inner()).contains(&(sp as usize, cookie));
             if reaped {
                 // The next call with this handle starts a new connect.
@@ -491,7 +504,7 @@ pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Resu
         let c = Connector::new(&h, nstreams, cfg.socket_min_chunk, cfg.timeout())?;
         let p = Box::into_raw(Box::new(Stage::Tcp(c)));
         let cookie = socket::random_u64();
-        register(p as usize, Obj::Connector(cookie));
+        stage_register(p as usize, cookie);
         proto::stage_set(buf, p as u64, cookie);
         g.push(Connecting { stage: p as usize, cookie, last: Instant::now(), peer: h.addr });
         p
@@ -511,7 +524,7 @@ pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Resu
     })();
     let mut finish = |buf: &mut [u8; HANDLE_SIZE]| {
         let (_, cookie) = proto::stage_get(buf);
-        unregister(conn_ptr as usize, Obj::Connector(cookie));
+        stage_unregister(conn_ptr as usize, cookie);
         g.retain(|c| !(c.stage == conn_ptr as usize && c.cookie == cookie));
         proto::stage_set(buf, 0, 0);
         drop(unsafe { Box::from_raw(conn_ptr) });
@@ -520,7 +533,7 @@ pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Resu
         Ok(None) => Ok(std::ptr::null_mut()),
         Ok(Some(conn)) => {
             finish(buf);
-            Ok(Comm::new_raw(dev, conn, true))
+            Comm::open(dev, conn, true)
         }
         Err(e) => {
             finish(buf);
@@ -529,22 +542,16 @@ pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Resu
     }
 }
 
-fn listen_comm<'a>(p: *mut c_void) -> Result<&'a ListenComm> {
-    if p.is_null() || !is_live(p as usize, Obj::Listen) {
-        return Err(Error::internal(format!("unknown listen comm {p:p}")));
-    }
-    Ok(unsafe { &*(p as *const ListenComm) })
-}
-
 /// Non-blocking accept: Ok(null) until a connection has fully arrived.
 pub fn accept(lc: *mut c_void) -> Result<*mut c_void> {
     reap_connectors(&mut connecting(), None);
-    let l = listen_comm(lc)?;
-    let mut g = l.inner.lock().map_err(|_| Error::internal("listen comm unusable after an earlier internal error"))?;
-    let d = device(l.dev)?;
+    let t = Token::from_ptr(lc).filter(|t| t.kind == Kind::Listen).ok_or_else(|| Error::internal(format!("unknown listen comm {lc:p}")))?;
+    let mut g = LISTENS.get(t).map_err(|e| stale("listen comm", lc, e))?;
+    let dev = g.dev;
+    let d = device(dev)?;
     while let Some(link) = g.listener.accept()? {
         match &d.ib {
-            None => return Ok(Comm::new_raw(l.dev, socket_recv(link), false)),
+            None => return Comm::open(dev, socket_recv(link), false),
             Some(port) => g.setups.push(Setup::acceptor(port, link)),
         }
     }
@@ -553,7 +560,7 @@ pub fn accept(lc: *mut c_void) -> Result<*mut c_void> {
             Ok(None) => {}
             Ok(Some(conn)) => {
                 g.setups.swap_remove(i);
-                return Ok(Comm::new_raw(l.dev, conn, false));
+                return Comm::open(dev, conn, false);
             }
             Err(e) => {
                 g.setups.swap_remove(i);
@@ -565,41 +572,25 @@ pub fn accept(lc: *mut c_void) -> Result<*mut c_void> {
 }
 
 pub fn close_listen(lc: *mut c_void) -> Result<()> {
-    if lc.is_null() || !unregister(lc as usize, Obj::Listen) {
-        return Err(Error::internal(format!("closeListen of an unknown or already closed listen comm {lc:p}")));
-    }
-    drop(unsafe { Box::from_raw(lc as *mut ListenComm) });
+    let bad = || Error::internal(format!("closeListen of an unknown or already closed listen comm {lc:p}"));
+    let t = Token::from_ptr(lc).filter(|t| t.kind == Kind::Listen).ok_or_else(bad)?;
+    drop(LISTENS.remove(t).map_err(|_| bad())?);
     Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
 // Comms and requests.
 
-const COMM_MAGIC_SEND: u64 = 0x7269_7665_7453_4e44; // "rivetSND"
-const COMM_MAGIC_RECV: u64 = 0x7269_7665_7452_4356; // "rivetRCV"
-const REQ_MAGIC: u64 = 0x7269_7665_7452_4551; // "rivetREQ"
-
-/// What a request pointer handed to NCCL points at. Immutable once the comm exists.
-#[repr(C)]
-pub struct Request {
-    magic: u64,
-    comm: *const Comm,
-    slot: u32,
-}
-
-#[repr(C)]
+/// A send or receive comm: its device and its data path. NCCL holds a token for it, and one per
+/// request slot (the same token with the slot in it).
 pub struct Comm {
-    magic: u64,
+    send: bool,
     dev: i32,
-    conn: Mutex<Staged>,
-    reqs: Box<[Request]>,
+    conn: Staged,
 }
-
-unsafe impl Send for Comm {}
-unsafe impl Sync for Comm {}
 
 impl Comm {
-    fn new_raw(dev: i32, conn: Box<dyn Conn>, send: bool) -> *mut c_void {
+    fn open(dev: i32, conn: Box<dyn Conn>, send: bool) -> Result<*mut c_void> {
         let d = device(dev).ok();
         let registrar: Box<dyn Registrar> = match d.and_then(|d| d.ib.as_ref()) {
             Some(port) => Box::new(VerbsRegistrar { port, access: access_for(send) }),
@@ -611,82 +602,72 @@ impl Comm {
             d.map(|d| d.name.to_string_lossy().into_owned()).unwrap_or_default()
         );
         let conn = Staged::new(conn, send, label, registrar);
-        let cap = conn.capacity();
-        let mut b = Box::new(Comm {
-            magic: if send { COMM_MAGIC_SEND } else { COMM_MAGIC_RECV },
-            dev,
-            conn: Mutex::new(conn),
-            reqs: Box::new([]),
-        });
-        let cp: *const Comm = &*b;
-        b.reqs = (0..cap as u32).map(|slot| Request { magic: REQ_MAGIC, comm: cp, slot }).collect();
-        let p = Box::into_raw(b) as *mut c_void;
-        register(p as usize, Obj::Comm);
-        p
-    }
-
-    fn lock(&self) -> Result<MutexGuard<'_, Staged>> {
-        self.conn.lock().map_err(|_| Error::internal("comm unusable after an earlier internal error"))
-    }
-
-    fn request(&self, slot: u32) -> *mut c_void {
-        &self.reqs[slot as usize] as *const Request as *mut c_void
+        if conn.capacity() > MAX_REQUESTS {
+            return Err(Error::internal(format!("a comm with {} request slots (at most {MAX_REQUESTS})", conn.capacity())));
+        }
+        let kind = if send { Kind::SendComm } else { Kind::RecvComm };
+        Ok(COMMS.insert(kind, Comm { send, dev, conn }).ok_or_else(|| full("comm"))?.to_ptr())
     }
 }
 
-fn comm<'a>(p: *mut c_void, magic: u64, what: &str) -> Result<&'a Comm> {
-    if p.is_null() {
-        return Err(Error::internal(format!("{what} is NULL")));
+fn kind_name(send: bool) -> &'static str {
+    if send {
+        "send comm"
+    } else {
+        "recv comm"
     }
-    let c = unsafe { &*(p as *const Comm) };
-    if c.magic != magic {
-        return Err(Error::internal(format!("{what} {p:p} is not a live rivet {what}")));
-    }
-    Ok(c)
+}
+
+/// The comm behind a send (`send`) or receive comm handle, locked for this call.
+fn comm(p: *mut c_void, send: bool) -> Result<(Token, Guard<'static, Comm>)> {
+    let what = kind_name(send);
+    let t = token(p, &[if send { Kind::SendComm } else { Kind::RecvComm }], what)?;
+    Ok((t, COMMS.get(t).map_err(|e| stale(what, p, e))?))
 }
 
 /// Either kind of comm (memory registration accepts both).
-fn any_comm<'a>(p: *mut c_void) -> Result<&'a Comm> {
-    if p.is_null() || !is_live(p as usize, Obj::Comm) {
-        return Err(Error::internal(format!("unknown comm {p:p} (not a live send or receive comm)")));
-    }
-    Ok(unsafe { &*(p as *const Comm) })
+fn any_comm(p: *mut c_void) -> Result<Guard<'static, Comm>> {
+    let t = Token::from_ptr(p)
+        .filter(|t| matches!(t.kind, Kind::SendComm | Kind::RecvComm))
+        .ok_or_else(|| Error::internal(format!("unknown comm {p:p} (not a live send or receive comm)")))?;
+    COMMS.get(t).map_err(|e| stale("comm", p, e))
 }
 
-/// The registration behind a memory handle NCCL passes on the data path (checked by magic).
-fn mr_info(mh: *mut c_void) -> Result<*const MrInfo> {
+/// The registration behind a memory handle NCCL passes on the data path, copied out.
+fn mr_info(mh: *mut c_void) -> Result<Option<MrInfo>> {
     if mh.is_null() {
-        return Ok(std::ptr::null());
+        return Ok(None);
     }
-    let m = unsafe { &*(mh as *const Mr) };
-    if m.magic != MR_MAGIC {
-        return Err(Error::internal(format!("{mh:p} is not a live rivet memory handle")));
-    }
-    Ok(&m.info)
+    let t = token(mh, &[Kind::Mr], "memory handle")?;
+    Ok(Some(MRS.get(t).map_err(|e| stale("memory handle", mh, e))?.info))
 }
 
 /// The registration of buffer `i` of a grouped call (`mh` may be NULL: no handles at all).
 ///
 /// # Safety
 /// A non-NULL `mh` holds at least `i + 1` handles.
-unsafe fn mr_at(mh: *mut *mut c_void, i: usize) -> Result<*const MrInfo> {
+unsafe fn mr_at(mh: *mut *mut c_void, i: usize) -> Result<Option<MrInfo>> {
     if mh.is_null() {
-        return Ok(std::ptr::null());
+        return Ok(None);
     }
-    mr_info(*mh.add(i))
+    // SAFETY: the caller's promise.
+    mr_info(unsafe { *mh.add(i) })
+}
+
+fn request(t: Token, slot: Option<u32>) -> *mut c_void {
+    slot.map_or(std::ptr::null_mut(), |s| t.request(s).to_ptr())
 }
 
 pub fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, mh: *mut c_void) -> Result<*mut c_void> {
-    let c = comm(sc, COMM_MAGIC_SEND, "send comm")?;
+    let (t, mut c) = comm(sc, true)?;
     if data.is_null() && size > 0 {
         return Err(Error::internal(format!("isend of {size} bytes from a NULL buffer")));
     }
-    let mut g = c.lock()?;
-    let slot = g.isend(data as *const u8, size, tag, mr_info(mh)?)?;
-    if g.has_pending_sends() {
-        pending_add(sc as usize);
+    let slot = c.conn.isend(data as *const u8, size, tag, mr_info(mh)?)?;
+    if c.conn.has_pending_sends() {
+        pending_add(t);
     }
-    Ok(slot.map_or(std::ptr::null_mut(), |s| c.request(s)))
+    Ok(request(t, slot))
 }
 
 // A staged send is handed to the transport only after its device-to-host copy, which calls on
@@ -694,10 +675,10 @@ pub fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, mh: *mut
 // wait on a receive from a peer that needs that send first (NCCL's IB transport has the send on
 // the wire by then). So comms with staged sends still waiting are listed here, and every `test`
 // and `irecv` moves them on too.
-static PENDING: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+static PENDING: Mutex<Vec<Token>> = Mutex::new(Vec::new());
 static NPENDING: AtomicU32 = AtomicU32::new(0);
 
-fn pending_add(c: usize) {
+fn pending_add(c: Token) {
     let mut g = PENDING.lock().unwrap_or_else(|p| p.into_inner());
     if !g.contains(&c) {
         g.push(c);
@@ -705,40 +686,39 @@ fn pending_add(c: usize) {
     }
 }
 
-fn pending_remove(c: usize) {
+fn pending_remove(c: Token) {
     let mut g = PENDING.lock().unwrap_or_else(|p| p.into_inner());
     g.retain(|&x| x != c);
     NPENDING.store(g.len() as u32, Ordering::Release);
 }
 
-/// Move other comms' waiting staged sends on (comm locks only tried, never waited for).
-fn progress_pending(except: usize) {
+/// Move other comms' waiting staged sends on (comm locks only tried, never waited for). `except`
+/// is the comm of the call being made, whose lock that call holds.
+fn progress_pending(except: Token) {
     if NPENDING.load(Ordering::Acquire) == 0 {
         return;
     }
     let mut g = PENDING.lock().unwrap_or_else(|p| p.into_inner());
-    g.retain(|&p| {
-        if p == except {
+    g.retain(|&t| {
+        if t.same_object(except) {
             return true;
         }
-        if !is_live(p, Obj::Comm) {
-            return false;
-        }
-        let c = unsafe { &*(p as *const Comm) };
-        match c.conn.try_lock() {
-            Ok(mut s) => {
+        match COMMS.try_get(t) {
+            Some(mut c) => {
                 // An error stays with that comm's transport and surfaces at its own test.
-                let _ = s.progress_pending();
-                s.has_pending_sends()
+                let _ = c.conn.progress_pending();
+                c.conn.has_pending_sends()
             }
-            Err(_) => true,
+            // Held by another call (which moves it on itself), or closed (then it goes below).
+            None => COMMS.live(t),
         }
     });
     NPENDING.store(g.len() as u32, Ordering::Release);
 }
 
 /// # Safety
-/// `data`, `sizes` and `tags` must point to `n` elements each (checked for NULL here).
+/// `data` and `tags` must point to `n` elements each, and a non-NULL `mh` too (NULL is checked
+/// here).
 pub unsafe fn irecv(
     rc: *mut c_void,
     n: i32,
@@ -747,67 +727,80 @@ pub unsafe fn irecv(
     tags: *mut i32,
     mh: *mut *mut c_void,
 ) -> Result<*mut c_void> {
-    let c = comm(rc, COMM_MAGIC_RECV, "recv comm")?;
     if n < 1 || n as usize > MAX_RECVS {
+        comm(rc, false)?;
         return Err(Error::internal(format!("irecv with n={n}: rivet accepts 1 to {MAX_RECVS} buffers (maxRecvs)")));
     }
     if data.is_null() || tags.is_null() {
+        comm(rc, false)?;
         return Err(Error::internal("irecv with a NULL data or tags array"));
     }
+    let (t, mut c) = comm(rc, false)?;
     let mut bufs = [RecvBuf::EMPTY; MAX_RECVS];
     for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
         let size = size_of(i)?;
-        let ptr = *data.add(i) as *mut u8;
+        // SAFETY: i < n, the caller's promise for `data`, `tags` and `mh`.
+        let (ptr, tag, mr) = unsafe { (*data.add(i) as *mut u8, *tags.add(i), mr_at(mh, i)?) };
         if ptr.is_null() && size > 0 {
             return Err(Error::internal(format!("irecv buffer {i} of {size} bytes is NULL")));
         }
-        let mr = mr_at(mh, i)?;
-        *b = RecvBuf { ptr, size, tag: *tags.add(i), mr };
+        *b = RecvBuf { ptr, size, tag, mr };
     }
-    let slot = c.lock()?.irecv(&bufs[..n as usize])?;
-    progress_pending(rc as usize);
-    Ok(slot.map_or(std::ptr::null_mut(), |s| c.request(s)))
+    let slot = c.conn.irecv(&bufs[..n as usize])?;
+    drop(c);
+    progress_pending(t);
+    Ok(request(t, slot))
 }
 
 /// `iflush` after a receive completed: the transport decides whether there is anything to wait
 /// for (TCP never; verbs issues its 1-byte RDMA READ). NULL request: nothing to wait for.
-// C callers (NCCL) own the pointers; NULL is checked, the rest is the ncclNet contract.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mut i32, mh: *mut *mut c_void) -> Result<*mut c_void> {
-    let c = comm(rc, COMM_MAGIC_RECV, "recv comm")?;
+///
+/// # Safety
+/// Non-NULL `data` and `sizes` point to `n` elements each, and a non-NULL `mh` too.
+pub unsafe fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mut i32, mh: *mut *mut c_void) -> Result<*mut c_void> {
     if n < 0 || n as usize > MAX_RECVS {
         return Err(Error::internal(format!("iflush with n={n}")));
     }
+    let (t, mut c) = comm(rc, false)?;
     if n == 0 || data.is_null() || sizes.is_null() {
         return Ok(std::ptr::null_mut());
     }
     let mut bufs = [RecvBuf::EMPTY; MAX_RECVS];
     for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
-        let size = unsafe { *sizes.add(i) }.max(0) as usize;
-        let mr = unsafe { mr_at(mh, i) }?;
-        *b = RecvBuf { ptr: unsafe { *data.add(i) } as *mut u8, size, tag: 0, mr };
+        // SAFETY: i < n, the caller's promise.
+        let (size, ptr, mr) = unsafe { ((*sizes.add(i)).max(0) as usize, *data.add(i) as *mut u8, mr_at(mh, i)?) };
+        *b = RecvBuf { ptr, size, tag: 0, mr };
     }
-    let slot = c.lock()?.iflush(&bufs[..n as usize])?;
-    Ok(slot.map_or(std::ptr::null_mut(), |s| c.request(s)))
+    let slot = c.conn.iflush(&bufs[..n as usize])?;
+    Ok(request(t, slot))
 }
 
 /// `test`: progress the request's comm; when done, sizes (one per buffer) go to `sizes` if non-NULL.
-// C callers (NCCL) own the pointers; NULL is checked, the rest is the ncclNet contract.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()> {
+///
+/// # Safety
+/// `done` points to an int, a non-NULL `sizes` to as many as the request has buffers (NCCL's
+/// contract: the `n` of its irecv).
+pub unsafe fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()> {
     if req.is_null() || done.is_null() {
         return Err(Error::internal("test with a NULL request or done pointer"));
     }
-    let r = unsafe { &*(req as *const Request) };
-    if r.magic != REQ_MAGIC {
+    // SAFETY: `done` is not NULL, and points to an int (the caller's promise).
+    unsafe { *done = 0 };
+    let Some(t) = Token::from_ptr(req).filter(|t| t.kind == Kind::Request) else {
         return Err(Error::internal(format!("test on {req:p}, which is not a rivet request")));
-    }
-    let c = unsafe { &*r.comm };
+    };
+    let mut c = COMMS.get(t).map_err(|e| match e {
+        Stale::Closed => Error::internal(format!("test on request {req:p} of a comm that was already closed")),
+        e => stale("request", req, e),
+    })?;
+    let dev = c.dev;
     let mut out = [0usize; MAX_RECVS];
-    let res = c.lock()?.test(r.slot, &mut out);
-    progress_pending(r.comm as usize);
+    let res = c.conn.test(t.req, &mut out);
+    drop(c);
+    progress_pending(t);
+    // SAFETY (each write below): the caller's promise for `done` and `sizes`.
     match res {
-        Ok(None) => unsafe { *done = 0 },
+        Ok(None) => {}
         Ok(Some(n)) => unsafe {
             *done = 1;
             if !sizes.is_null() {
@@ -816,38 +809,27 @@ pub fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()> {
                 }
             }
         },
-        Err(e) => {
-            unsafe { *done = 0 };
-            return Err(Error::new(e.kind, format!("{e} [dev {}]", c.dev)));
-        }
+        Err(e) => return Err(Error::new(e.kind, format!("{e} [dev {dev}]"))),
     }
     Ok(())
 }
 
 pub fn close_comm(p: *mut c_void, send: bool) -> Result<()> {
     let what = if send { "closeSend" } else { "closeRecv" };
-    let magic = if send { COMM_MAGIC_SEND } else { COMM_MAGIC_RECV };
-    if p.is_null() || !is_live(p as usize, Obj::Comm) || unsafe { (*(p as *const Comm)).magic } != magic {
-        return Err(Error::internal(format!("{what} of an unknown or already closed comm {p:p}")));
-    }
-    unregister(p as usize, Obj::Comm);
-    pending_remove(p as usize);
-    let mut c = unsafe { Box::from_raw(p as *mut Comm) };
-    c.magic = 0;
-    for r in c.reqs.iter_mut() {
-        r.magic = 0;
-    }
+    let bad = || Error::internal(format!("{what} of an unknown or already closed comm {p:p}"));
+    let t = Token::from_ptr(p).filter(|t| t.kind == if send { Kind::SendComm } else { Kind::RecvComm }).ok_or_else(bad)?;
+    let c = COMMS.remove(t).map_err(|_| bad())?;
+    pending_remove(t);
+    // Its transport's resources go now; every token of it (its requests) is stale from here on.
+    drop(c);
     Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
 // Memory registration.
 
-const MR_MAGIC: u64 = 0x7269_7665_744d_5248; // "rivetMRH"
-
-/// What a memory handle handed to NCCL points at.
+/// What a memory handle names.
 pub struct Mr {
-    magic: u64,
     pub info: MrInfo,
     pub ty: i32,
     /// The `ibv_mr` behind it (verbs only).
@@ -930,7 +912,7 @@ fn topology() -> &'static Topology {
 }
 
 /// TCP: GPU memory goes through the staging engine, and only with RIVET_SOCKET_CUDA=1.
-fn stage_cuda_tcp(c: &Comm, d: &Device, data: *mut c_void, size: usize) -> Result<MrInfo> {
+fn stage_cuda_tcp(c: &mut Comm, d: &Device, data: *mut c_void, size: usize) -> Result<MrInfo> {
     if !config::get().socket_cuda {
         return Err(Error::usage(format!(
             "regMr of GPU memory on dev {} ({}, TCP transport): rivet's TCP transport takes GPU buffers only with RIVET_SOCKET_CUDA=1 (without it ptrSupport does not offer NCCL_PTR_CUDA)",
@@ -939,8 +921,7 @@ fn stage_cuda_tcp(c: &Comm, d: &Device, data: *mut c_void, size: usize) -> Resul
         )));
     }
     let pi = cuda::pointer_info(data as usize)?;
-    let mut g = c.lock()?;
-    if g.ensure_copier(Some(pi.ordinal))? {
+    if c.conn.ensure_copier(Some(pi.ordinal))? {
         log::info!("NET/rivet: host staging for GPU {} on {}: TCP transport (RIVET_SOCKET_CUDA=1)", pi.bus_id, d.name.to_string_lossy());
     }
     Ok(staged_mr(data, size, Some(pi.ordinal)))
@@ -984,7 +965,7 @@ type VerbsReg = (usize, &'static IbPort, bool);
 /// host staging otherwise. The decision is made, and logged, once per (comm, GPU); a failed
 /// registration turns the comm to staging and says why.
 fn reg_gpu_verbs(
-    c: &Comm,
+    c: &mut Comm,
     port: &'static IbPort,
     data: *mut c_void,
     size: usize,
@@ -993,7 +974,8 @@ fn reg_gpu_verbs(
     let pi = cuda::pointer_info(data as usize)?;
     let via = if dmabuf.is_some() { gdr::Via::DmaBuf } else { gdr::Via::Address };
     let nic = &port.dev.name;
-    let mut g = c.lock()?;
+    let send = c.send;
+    let g = &mut c.conn;
     let (decision, first) = match &g.gpu {
         Some((o, d)) if *o == pi.ordinal => (d.clone(), false),
         Some((o, _)) => {
@@ -1004,7 +986,7 @@ fn reg_gpu_verbs(
         }
         None => (gdr::decide(&gdr_facts(port, &pi, via)?), true),
     };
-    let access = access_for(c.magic == COMM_MAGIC_SEND);
+    let access = access_for(send);
     let mech = if dmabuf.is_some() { "dma-buf" } else { "peer-memory" };
     let reg = gdr::register_or_stage(
         &decision,
@@ -1046,7 +1028,8 @@ fn reg_gpu_verbs(
 
 /// `regMr` (`dmabuf` None) and `regMrDmaBuf` (`dmabuf` = offset and fd, which is not kept).
 pub fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: i32, dmabuf: Option<(u64, i32)>) -> Result<*mut c_void> {
-    let c = any_comm(comm)?;
+    let mut g = any_comm(comm)?;
+    let c = &mut *g;
     let d = device(c.dev)?;
     if data.is_null() && size > 0 {
         return Err(Error::internal(format!("regMr of {size} bytes at NULL")));
@@ -1060,28 +1043,37 @@ pub fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: i32, dmabuf
         (None, true) => (stage_cuda_tcp(c, d, data, size)?, None),
         (Some(port), true) => reg_gpu_verbs(c, port, data, size, dmabuf.filter(|(_, fd)| *fd >= 0))?,
         (_, false) if config::get().stage_host => {
-            c.lock()?.ensure_copier(None)?;
+            c.conn.ensure_copier(None)?;
             (staged_mr(data, size, None), None)
         }
         (None, false) => (MrInfo { addr: data as usize, len: size, ..Default::default() }, None),
         (Some(port), false) => {
-            let (info, mr) = verbs_register(port, data as usize, size, access_for(c.magic == COMM_MAGIC_SEND))?;
+            let (info, mr) = verbs_register(port, data as usize, size, access_for(c.send))?;
             (info, Some((mr, port, true)))
         }
     };
     let path = info.path;
-    let p = Box::into_raw(Box::new(Mr { magic: MR_MAGIC, info, ty, verbs })) as *mut c_void;
-    register(p as usize, Obj::Mr);
+    let m = Mr { info, ty, verbs };
+    let p = match MRS.insert(Kind::Mr, m) {
+        Some(t) => t.to_ptr(),
+        None => {
+            release_verbs(Mr { info, ty, verbs })?;
+            return Err(full("memory handle"));
+        }
+    };
     log::trace!("NET/rivet: regMr {data:p} {size} bytes type {ty} path {path:?} -> {p:p}");
     Ok(p)
 }
 
 pub fn dereg_mr(_comm: *mut c_void, mh: *mut c_void) -> Result<()> {
-    if mh.is_null() || !unregister(mh as usize, Obj::Mr) {
-        return Err(Error::internal(format!("deregMr of an unknown or already released memory handle {mh:p}")));
-    }
-    let mut m = unsafe { Box::from_raw(mh as *mut Mr) };
-    m.magic = 0;
+    let bad = || Error::internal(format!("deregMr of an unknown or already released memory handle {mh:p}"));
+    let t = Token::from_ptr(mh).filter(|t| t.kind == Kind::Mr).ok_or_else(bad)?;
+    let m = MRS.remove(t).map_err(|_| bad())?;
+    release_verbs(m)
+}
+
+/// Release the verbs registration a memory handle owned, if any.
+fn release_verbs(m: Mr) -> Result<()> {
     match m.verbs {
         Some((mr, port, true)) => verbs_release(port, mr)?,
         Some((mr, port, false)) => {

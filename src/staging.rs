@@ -224,7 +224,7 @@ struct Bounce {
     mem: HostMem,
     ptr: *mut u8,
     /// Boxed: the transport may keep a pointer to it while the bounce moves between slots.
-    mr: Box<MrInfo>,
+    mr: MrInfo,
     handle: usize,
     class: usize,
 }
@@ -256,7 +256,7 @@ impl Pool {
         let (mr, handle) = reg.register(ptr as usize, size)?;
         self.bytes += size;
         log::trace!("NET/rivet: staging pool: new {size}-byte bounce buffer at {ptr:p} ({} bytes pooled)", self.bytes);
-        Ok(Bounce { mem, ptr, mr: Box::new(mr), handle, class })
+        Ok(Bounce { mem, ptr, mr, handle, class })
     }
 
     fn put(&mut self, b: Bounce) {
@@ -339,7 +339,7 @@ enum Managed {
     /// m * MAX_CHUNKS + chunk); `inner` once handed to the transport.
     SendStaged { bounce: Bounce, size: usize, tag: i32, chunks: Chunks, inner: Option<u32> },
     /// A send waiting for earlier staged sends to go first.
-    SendWaiting { data: *const u8, size: usize, tag: i32, mr: *const MrInfo },
+    SendWaiting { data: *const u8, size: usize, tag: i32, mr: Option<MrInfo> },
     /// Handed to the transport under `inner`; `bounce` returns to the pool when it completes.
     SendPosted { inner: u32, bounce: Option<Bounce> },
     /// A receive with staged buffers, posted to the transport.
@@ -481,7 +481,7 @@ impl Staged {
                     if ready == 0 && size > 0 {
                         return Ok(()); // not even the first chunk yet
                     }
-                    (bounce.ptr as *const u8, size, *tag, &*bounce.mr as *const MrInfo, ready)
+                    (bounce.ptr as *const u8, size, *tag, Some(bounce.mr), ready)
                 }
                 Managed::SendWaiting { data, size, tag, mr } => (*data, *size, *tag, *mr, *size),
                 _ => return Err(Error::internal("staging: a queued send in an unexpected state")),
@@ -526,7 +526,7 @@ impl Staged {
 }
 
 impl Conn for Staged {
-    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo) -> Result<Option<u32>> {
+    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
         let path = path_of(mr);
         if path != Path::Staged {
             if self.queue.is_empty() {
@@ -609,7 +609,7 @@ impl Conn for Staged {
             match self.pool.get(b.size, copier, &*self.registrar) {
                 Ok(bounce) => {
                     posted[i].ptr = bounce.ptr;
-                    posted[i].mr = &*bounce.mr;
+                    posted[i].mr = Some(bounce.mr);
                     staged[i] = Some((b.ptr as usize, bounce));
                 }
                 Err(e) => {

@@ -362,3 +362,47 @@ fn libibverbs_hidden_in_a_mount_namespace_falls_back_to_tcp() {
     assert!(ok, "child failed:\n{err}");
     assert!(err.contains("transport TCP (RDMA not used: cannot load libibverbs.so.1"), "{err}");
 }
+
+/// Handles of closed objects, and values no rivet call returned, are errors (ncclInternalError)
+/// found without reading through them: a request tested after its comm was closed, a closed comm,
+/// a released memory handle, a closed listen comm, a heap pointer of the test's own.
+#[test]
+fn stale_and_foreign_handles_are_errors() {
+    use std::ffi::c_void;
+    let ctx = init();
+    let (mut h, lc) = listen(&ctx);
+    let (sc, rc) = pair(&ctx, &mut h, lc);
+    let mut dst = vec![0u8; 4096];
+    let r = irecv(rc, &mut dst, 1);
+    let src = vec![3u8; 4096];
+    let mh = reg(sc, src.as_ptr(), src.len());
+    let heap = vec![0u64; 8];
+    let foreign = heap.as_ptr() as *mut c_void;
+    let null = std::ptr::null_mut();
+    unsafe {
+        assert_eq!(t().closeRecv.unwrap()(rc), 0);
+        let (mut done, mut sz) = (7, 0);
+        assert_eq!(t().test.unwrap()(r, &mut done, &mut sz), 3, "test on a request of a closed comm");
+        assert_eq!(done, 0);
+        assert_eq!(t().closeRecv.unwrap()(rc), 3, "a comm closed twice");
+        assert_eq!(t().deregMr.unwrap()(sc, mh), 0);
+        assert_eq!(t().deregMr.unwrap()(sc, mh), 3, "a memory handle released twice");
+        let mut req = null;
+        let data = src.as_ptr() as *mut c_void;
+        assert_eq!(t().isend.unwrap()(sc, data, 4096, 1, mh, null, &mut req), 3, "a send with a released memory handle");
+        assert!(req.is_null());
+        assert_eq!(t().closeSend.unwrap()(sc), 0);
+        assert_eq!(t().isend.unwrap()(sc, data, 4096, 1, null, null, &mut req), 3, "a send on a closed comm");
+        assert_eq!(t().closeListen.unwrap()(lc), 0);
+        assert_eq!(t().closeListen.unwrap()(lc), 3, "a listen comm closed twice");
+        assert_eq!(t().test.unwrap()(foreign, &mut done, &mut sz), 3, "a foreign request");
+        assert_eq!(t().closeSend.unwrap()(foreign), 3, "a foreign comm");
+        assert_eq!(t().deregMr.unwrap()(null, foreign), 3, "a foreign memory handle");
+        // A new comm may reuse a closed one's slot: the old handles still name nothing.
+        let (mut h2, lc2) = listen(&ctx);
+        let (sc2, rc2) = pair(&ctx, &mut h2, lc2);
+        assert_eq!(t().test.unwrap()(r, &mut done, &mut sz), 3, "a stale request after its slot was reused");
+        assert_eq!(t().closeSend.unwrap()(sc), 3, "a stale comm after its slot was reused");
+        close(sc2, rc2, lc2);
+    }
+}

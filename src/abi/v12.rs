@@ -19,7 +19,8 @@ unsafe extern "C" fn init(
         nonnull(ctx, "ctx")?;
         plugin::init(logger, 12)?;
         let tc = if config.is_null() { -1 } else { unsafe { (*config).trafficClass } };
-        unsafe { *ctx = plugin::ctx_new(comm_id, tc) };
+        let c = plugin::ctx_new(comm_id, tc)?;
+        unsafe { *ctx = c };
         Ok(())
     })
 }

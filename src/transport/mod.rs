@@ -43,23 +43,13 @@ impl MrInfo {
 }
 
 /// How the buffer behind a registration NCCL passed travels (Host where it passed none).
-pub(crate) fn path_of(mr: *const MrInfo) -> Path {
-    if mr.is_null() {
-        Path::Host
-    } else {
-        // Registrations handed to the data path live until NCCL deregisters them, after the
-        // requests that use them completed.
-        unsafe { (*mr).path }
-    }
+pub(crate) fn path_of(mr: Option<MrInfo>) -> Path {
+    mr.map_or(Path::Host, |m| m.path)
 }
 
 /// The GPU owning the buffer behind a registration (None for host memory or no registration).
-pub(crate) fn gpu_of(mr: *const MrInfo) -> Option<i32> {
-    if mr.is_null() {
-        None
-    } else {
-        unsafe { (*mr).gpu }
-    }
+pub(crate) fn gpu_of(mr: Option<MrInfo>) -> Option<i32> {
+    mr.and_then(|m| m.gpu)
 }
 
 /// One buffer of a (possibly grouped) receive.
@@ -68,12 +58,12 @@ pub struct RecvBuf {
     pub ptr: *mut u8,
     pub size: usize,
     pub tag: i32,
-    /// The buffer's registration (null when NCCL passed none).
-    pub mr: *const MrInfo,
+    /// The buffer's registration (None when NCCL passed none), copied from its memory handle.
+    pub mr: Option<MrInfo>,
 }
 
 impl RecvBuf {
-    pub const EMPTY: RecvBuf = RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0, mr: std::ptr::null() };
+    pub const EMPTY: RecvBuf = RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0, mr: None };
 }
 
 /// Most buffers in one grouped receive (the `maxRecvs` every device reports).
@@ -83,14 +73,14 @@ pub const MAX_RECVS: usize = crate::proto::verbs::MAX_GROUP;
 /// handed out by `isend`/`irecv` and free again once `test` reported it done.
 pub trait Conn: Send {
     /// Post a send; `Ok(None)` is back-pressure (no free slot), the caller retries later.
-    fn isend(&mut self, _data: *const u8, _size: usize, _tag: i32, _mr: *const MrInfo) -> Result<Option<u32>> {
+    fn isend(&mut self, _data: *const u8, _size: usize, _tag: i32, _mr: Option<MrInfo>) -> Result<Option<u32>> {
         Err(Error::internal("isend called on a receive comm"))
     }
     /// Post a send of which only the first `ready` bytes (< `size`) can be read yet, for the
     /// staging engine to overlap its device-to-host copy with the network: `set_ready` raises
     /// the mark as the copy proceeds. A transport that cannot send part of a message answers
     /// with back-pressure until all of it is ready.
-    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo, ready: usize) -> Result<Option<u32>> {
+    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
         if ready >= size {
             self.isend(data, size, tag, mr)
         } else {

@@ -3,8 +3,9 @@
 # per measurement, perftest and `rivet perf` on the same devices (rxe0 sends, rxe1 receives):
 # ib_write_bw and rivet's streaming bandwidth at 64 KiB, 1 MiB and 16 MiB, then ib_write_lat and
 # rivet's 8-byte ping-pong. Output: PERFTEST ... lines (as /guest/perftest.sh prints them) and
-# RIVET-prefixed `rivet perf` output.
-# Usage: bench.sh ROUNDS
+# RIVET-prefixed `rivet perf` output. With a second library (an earlier build, for a before/after
+# comparison), each rivet measurement is followed by the same one through it, prefixed BASE.
+# Usage: bench.sh ROUNDS [BASE_LIB]
 . /guest/lib.sh
 cd /mnt/host || exit 2
 rounds=${1:-3}
@@ -13,7 +14,20 @@ G0=${RXE0_GID_INDEX:-1} G1=${RXE1_GID_INDEX:-1}
 read -r netmtu < /sys/class/net/veth0/mtu
 ibmtu=$(ibv_devinfo -d rxe0 | awk '/active_mtu:/ { print $2; exit }')
 echo "PERFTEST info netdev_mtu=$netmtu active_mtu=$ibmtu"
-rivet() { ./rivet perf --lib $LIB --dev 0,1 "$@" 2>&1 | sed 's/^/RIVET /'; }
+BASE=${2:-}
+rivet() {
+  # The two builds take turns going first (odd rounds: this build first), so that neither gains
+  # from its place in the pair.
+  if [ -z "$BASE" ]; then
+    ./rivet perf --lib $LIB --dev 0,1 "$@" 2>&1 | sed 's/^/RIVET /'
+  elif [ $((r % 2)) = 1 ]; then
+    ./rivet perf --lib $LIB --dev 0,1 "$@" 2>&1 | sed 's/^/RIVET /'
+    ./rivet perf --lib "$BASE" --dev 0,1 "$@" 2>&1 | sed 's/^/BASE /'
+  else
+    ./rivet perf --lib "$BASE" --dev 0,1 "$@" 2>&1 | sed 's/^/BASE /'
+    ./rivet perf --lib $LIB --dev 0,1 "$@" 2>&1 | sed 's/^/RIVET /'
+  fi
+}
 r=1
 while [ $r -le "$rounds" ]; do
   echo "ROUND $r"
@@ -21,10 +35,10 @@ while [ $r -le "$rounds" ]; do
     size=${s%%:*} rest=${s#*:}; n=${rest%%:*} bytes=${rest#*:}
     pt_pair bw ib_write_bw rxe1 $G1 rxe0 $G0 10.0.0.2 -s $size -n $n || exit 1
     awk -v s=$size '$1 == s && NF >= 5 { printf "PERFTEST write_bw size=%s iters=%s MBps=%s peak_MBps=%s\n", $1, $2, $4, $3; exit }' /tmp/bw.cli
-    rivet --sizes $size --bytes $bytes --lat-iters 10 | grep -v latency || exit 1
+    rivet --sizes $size --bytes $bytes --lat-iters 10 | grep -v latency
   done
   pt_pair lat ib_write_lat rxe1 $G1 rxe0 $G0 10.0.0.2 -s 8 -n 1000 || exit 1
   awk '$1 == 8 && NF >= 8 { printf "PERFTEST write_lat size=8 iters=%s usec_typical=%s usec_avg=%s\n", $2, $5, $6; exit }' /tmp/lat.cli
-  rivet --sizes 8 --bytes 8 --lat-iters 1000 | grep latency || exit 1
+  rivet --sizes 8 --bytes 8 --lat-iters 1000 | grep latency
   r=$((r + 1))
 done

@@ -271,13 +271,13 @@ impl SendConn {
 impl Conn for SendConn {
     // `data` comes from NCCL through plugin::isend, which checked it against NULL.
     #[allow(clippy::not_unsafe_ptr_arg_deref)]
-    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo) -> Result<Option<u32>> {
+    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
         self.isend_partial(data, size, tag, mr, size)
     }
 
     // As isend.
     #[allow(clippy::not_unsafe_ptr_arg_deref)]
-    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, _mr: *const MrInfo, ready: usize) -> Result<Option<u32>> {
+    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, _mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
         self.s.check()?;
         let Some(slot) = self.free.pop() else { return Ok(None) };
         let seq = self.next_seq;

@@ -322,11 +322,10 @@ fn event_hint(ev: &str) -> &'static str {
     }
 }
 
-pub(super) fn mr_for<'a>(mr: *const MrInfo, ptr: usize, size: usize, dev: usize, need: u32, what: &str) -> Result<&'a MrInfo> {
-    if mr.is_null() {
+pub(super) fn mr_for(mr: Option<MrInfo>, ptr: usize, size: usize, dev: usize, need: u32, what: &str) -> Result<MrInfo> {
+    let Some(m) = mr else {
         return Err(Error::internal(format!("{what} of {size} bytes at {ptr:#x} without a memory handle")));
-    }
-    let m = unsafe { &*mr };
+    };
     if m.dev != dev {
         return Err(Error::internal(format!(
             "{what}: the memory handle was registered on another device (regMr must be called on a comm of the same device)"

@@ -227,13 +227,13 @@ impl VerbsSend {
 }
 
 impl Conn for VerbsSend {
-    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo) -> Result<Option<u32>> {
+    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
         self.isend_partial(data, size, tag, mr, size)
     }
 
     /// A partial send goes eagerly only once all of it is ready (eager messages are small); by
     /// rendezvous, its writes are posted as far as it is ready, the rest by `set_ready`.
-    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, mr: *const MrInfo, ready: usize) -> Result<Option<u32>> {
+    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
         self.c.check()?;
         let lkey = if size > 0 { mr_for(mr, data as usize, size, dev_id(self.c.port), 0, "isend")?.lkey } else { 0 };
         self.read_credits();

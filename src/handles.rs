@@ -1,0 +1,276 @@
+//! The handles NCCL holds: tokens, not pointers.
+//!
+//! Every object handed to NCCL (a context, a listen comm, a send or receive comm, a memory
+//! handle, a request) is named by a 64-bit token that only looks like a pointer: its kind, the
+//! index of a slot in a table of that kind, the slot's generation, and for a request the request
+//! slot of its comm. Slots live as long as the process (tables grow in chunks that are never
+//! freed) and their generation changes when their object goes, so a stale handle (a comm NCCL
+//! already closed, a request of it) or a foreign one (any other value) is found out by comparing
+//! numbers: nothing is read through it, and nothing freed is ever read.
+//!
+//! Ownership is fixed here once per kind: a table owns its objects; NCCL's token lends access to
+//! one for the length of a call, under the slot's lock; closing takes the object out.
+//!
+//! ```text
+//!  63            40 39            16 15          3 2    0
+//! +----------------+----------------+-------------+------+
+//! | index + 1 (24) | generation (24)| request (13)| kind |
+//! +----------------+----------------+-------------+------+
+//! ```
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// What a token names. Never 0, so no token is NULL (nor NCCL's
+/// `NCCL_NET_OPTIONAL_RECV_COMPLETION`, 0x1, whose index field is 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Ctx = 1,
+    Listen = 2,
+    SendComm = 3,
+    RecvComm = 4,
+    Mr = 5,
+    Request = 6,
+}
+
+impl Kind {
+    fn from_bits(b: u64) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Ctx,
+            2 => Kind::Listen,
+            3 => Kind::SendComm,
+            4 => Kind::RecvComm,
+            5 => Kind::Mr,
+            6 => Kind::Request,
+            _ => return None,
+        })
+    }
+}
+
+const KIND_BITS: u32 = 3;
+const REQ_BITS: u32 = 13;
+const GEN_BITS: u32 = 24;
+const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+/// Most request slots one comm may have.
+pub const MAX_REQUESTS: usize = 1 << REQ_BITS;
+
+/// A decoded token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token {
+    pub kind: Kind,
+    index: u32,
+    gen: u32,
+    /// The request slot (requests only).
+    pub req: u32,
+}
+
+impl Token {
+    pub fn to_ptr(self) -> *mut std::ffi::c_void {
+        let v = (self.kind as u64)
+            | ((self.req as u64) << KIND_BITS)
+            | (((self.gen & GEN_MASK) as u64) << (KIND_BITS + REQ_BITS))
+            | (((self.index + 1) as u64) << (KIND_BITS + REQ_BITS + GEN_BITS));
+        v as usize as *mut std::ffi::c_void
+    }
+
+    /// A token of any kind, or None for a value no table ever handed out.
+    pub fn from_ptr(p: *mut std::ffi::c_void) -> Option<Token> {
+        let v = p as usize as u64;
+        let kind = Kind::from_bits(v & ((1 << KIND_BITS) - 1))?;
+        let req = ((v >> KIND_BITS) & ((1 << REQ_BITS) - 1)) as u32;
+        let gen = ((v >> (KIND_BITS + REQ_BITS)) & GEN_MASK as u64) as u32;
+        let index = (v >> (KIND_BITS + REQ_BITS + GEN_BITS)).checked_sub(1)? as u32;
+        if kind != Kind::Request && req != 0 {
+            return None;
+        }
+        Some(Token { kind, index, gen, req })
+    }
+
+    /// Whether two tokens name the same object (a comm and one of its requests do).
+    pub fn same_object(self, other: Token) -> bool {
+        (self.index, self.gen) == (other.index, other.gen)
+    }
+
+    /// The request `req` of the comm this token names.
+    pub fn request(self, req: u32) -> Token {
+        debug_assert!((req as usize) < MAX_REQUESTS);
+        Token { kind: Kind::Request, req, ..self }
+    }
+}
+
+const CHUNK: usize = 256;
+const CHUNKS: usize = 4096;
+
+struct Slot<T> {
+    gen: AtomicU32,
+    val: Mutex<Option<T>>,
+}
+
+/// A table of objects of one kind (two kinds for comms: send and receive share one table).
+pub struct Table<T> {
+    chunks: [OnceLock<Box<[Slot<T>]>>; CHUNKS],
+    free: Mutex<(Vec<u32>, u32)>,
+}
+
+/// Why a token names no object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stale {
+    /// Not a token of this table (another kind, or a value nobody handed out).
+    Foreign,
+    /// Its object was closed (or the slot now holds a newer one).
+    Closed,
+    /// An earlier call panicked while holding the object.
+    Poisoned,
+}
+
+/// Access to one object, for the length of a call.
+pub struct Guard<'a, T> {
+    g: MutexGuard<'a, Option<T>>,
+}
+
+impl<T> std::ops::Deref for Guard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // `get` only makes a guard of a slot that holds an object, and only `remove` (which needs
+        // the same lock) takes it out.
+        self.g.as_ref().expect("a guard holds an object")
+    }
+}
+
+impl<T> std::ops::DerefMut for Guard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.g.as_mut().expect("a guard holds an object")
+    }
+}
+
+impl<T> Table<T> {
+    pub const fn new() -> Table<T> {
+        Table { chunks: [const { OnceLock::new() }; CHUNKS], free: Mutex::new((Vec::new(), 0)) }
+    }
+
+    fn slot(&self, index: u32) -> Option<&Slot<T>> {
+        let c = self.chunks.get(index as usize / CHUNK)?.get()?;
+        c.get(index as usize % CHUNK)
+    }
+
+    /// Store `v`; the token names it as `kind` until `remove`. None when the table is full.
+    pub fn insert(&self, kind: Kind, v: T) -> Option<Token> {
+        let index = {
+            let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            match f.0.pop() {
+                Some(i) => i,
+                None if (f.1 as usize) < CHUNK * CHUNKS => {
+                    f.1 += 1;
+                    f.1 - 1
+                }
+                None => return None,
+            }
+        };
+        let chunk = self.chunks[index as usize / CHUNK].get_or_init(|| {
+            (0..CHUNK).map(|_| Slot { gen: AtomicU32::new(1), val: Mutex::new(None) }).collect()
+        });
+        let slot = &chunk[index as usize % CHUNK];
+        let mut g = slot.val.lock().unwrap_or_else(|p| p.into_inner());
+        *g = Some(v);
+        let gen = slot.gen.load(Ordering::Acquire) & GEN_MASK;
+        Some(Token { kind, index, gen, req: 0 })
+    }
+
+    fn check(&self, t: Token) -> Result<&Slot<T>, Stale> {
+        let slot = self.slot(t.index).ok_or(Stale::Foreign)?;
+        if slot.gen.load(Ordering::Acquire) & GEN_MASK != t.gen {
+            return Err(Stale::Closed);
+        }
+        Ok(slot)
+    }
+
+    /// The object `t` names, locked for the caller.
+    pub fn get(&self, t: Token) -> Result<Guard<'_, T>, Stale> {
+        let slot = self.check(t)?;
+        let g = slot.val.lock().map_err(|_| Stale::Poisoned)?;
+        // The generation is changed under the lock: checked again, it holds while we do.
+        if g.is_none() || slot.gen.load(Ordering::Acquire) & GEN_MASK != t.gen {
+            return Err(Stale::Closed);
+        }
+        Ok(Guard { g })
+    }
+
+    /// As `get`, but None instead of waiting when another call holds the object.
+    pub fn try_get(&self, t: Token) -> Option<Guard<'_, T>> {
+        let slot = self.check(t).ok()?;
+        let g = slot.val.try_lock().ok()?;
+        (g.is_some() && slot.gen.load(Ordering::Acquire) & GEN_MASK == t.gen).then_some(Guard { g })
+    }
+
+    /// Whether `t` still names an object (it may be held by a call right now).
+    pub fn live(&self, t: Token) -> bool {
+        self.check(t).is_ok()
+    }
+
+    /// Take the object out: `t` and every token of it (its requests) are stale from now on.
+    pub fn remove(&self, t: Token) -> Result<T, Stale> {
+        let slot = self.check(t)?;
+        let mut g = slot.val.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.gen.load(Ordering::Acquire) & GEN_MASK != t.gen {
+            return Err(Stale::Closed);
+        }
+        let v = g.take().ok_or(Stale::Closed)?;
+        slot.gen.store((t.gen + 1) & GEN_MASK, Ordering::Release);
+        drop(g);
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).0.push(t.index);
+        Ok(v)
+    }
+}
+
+impl<T> Default for Table<T> {
+    fn default() -> Self {
+        Table::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_round_trip_and_are_never_null_or_optional() {
+        for (kind, index, gen, req) in [(Kind::Ctx, 0, 1, 0), (Kind::Request, (1 << 24) - 2, GEN_MASK, 8191), (Kind::Mr, 77, 5, 0)] {
+            let t = Token { kind, index, gen, req };
+            let p = t.to_ptr();
+            assert!(!p.is_null() && p as usize != 1);
+            assert_eq!(Token::from_ptr(p), Some(t));
+        }
+        assert_eq!(Token::from_ptr(std::ptr::null_mut()), None);
+        assert_eq!(Token::from_ptr(1 as *mut _), None);
+        // A real heap pointer is 8-aligned: kind bits 0, never a token.
+        let b = Box::new(0u64);
+        assert_eq!(Token::from_ptr(&*b as *const u64 as *mut _), None);
+    }
+
+    #[test]
+    fn a_removed_object_is_stale_and_its_slot_reused_with_a_new_generation() {
+        let t: Table<String> = Table::new();
+        let a = t.insert(Kind::SendComm, "a".into()).unwrap();
+        assert_eq!(&*t.get(a).unwrap(), "a");
+        assert_eq!(t.remove(a).unwrap(), "a");
+        assert_eq!(t.get(a).err(), Some(Stale::Closed));
+        assert_eq!(t.remove(a).err(), Some(Stale::Closed));
+        let b = t.insert(Kind::SendComm, "b".into()).unwrap();
+        assert_ne!(a, b, "the slot is reused with another generation");
+        assert_eq!(t.get(a).err(), Some(Stale::Closed));
+        assert_eq!(&*t.get(b).unwrap(), "b");
+        let never = Token { kind: Kind::SendComm, index: 5000, gen: 1, req: 0 };
+        assert_eq!(t.get(never).err(), Some(Stale::Foreign));
+    }
+
+    #[test]
+    fn try_get_does_not_wait() {
+        let t: Table<u32> = Table::new();
+        let a = t.insert(Kind::Mr, 7).unwrap();
+        let g = t.get(a).unwrap();
+        assert!(t.try_get(a).is_none());
+        drop(g);
+        assert_eq!(*t.try_get(a).unwrap(), 7);
+    }
+}
