@@ -376,7 +376,7 @@ fn stale_and_foreign_handles_are_errors() {
     let r = irecv(rc, &mut dst, 1);
     let src = vec![3u8; 4096];
     let mh = reg(sc, src.as_ptr(), src.len());
-    let heap = vec![0u64; 8];
+    let heap = [0u64; 8];
     let foreign = heap.as_ptr() as *mut c_void;
     let null = std::ptr::null_mut();
     unsafe {
