@@ -190,7 +190,7 @@ pub struct Config {
     pub socket_cuda: bool,
     pub stats: bool,
     pub stage_host: bool,
-    pub gdr: crate::gdr::Mode,
+    pub gdr: crate::gpu::gdr::Mode,
     pub dmabuf: bool,
     pub gdr_level: crate::topo::PathClass,
 }
@@ -200,6 +200,17 @@ fn default_of(name: &str) -> &'static str {
 }
 
 type Getter<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// NCCL_DEBUG, read without a WARN for a bad value: the logger is set up from it, before a WARN
+/// could be written (a non-UTF-8 or unknown value means WARN, as in NCCL).
+pub fn nccl_debug() -> Option<String> {
+    std::env::var("NCCL_DEBUG").ok()
+}
+
+/// The sysfs tree the topology probe reads: RIVET_SYSFS_ROOT, else `/sys`.
+pub fn sysfs_root() -> std::path::PathBuf {
+    env("RIVET_SYSFS_ROOT").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from("/sys"))
+}
 
 /// A variable's value, None when unset or empty. A value that is not valid UTF-8 is invalid like
 /// any other: a WARN that names it, and the default (it is never silently taken as unset).
@@ -345,7 +356,7 @@ impl Config {
             socket_cuda: int_var(get, "RIVET_SOCKET_CUDA", 0, 1) == 1,
             stats: int_var(get, "RIVET_STATS", 0, 1) == 1,
             stage_host: int_var(get, "RIVET_STAGE_HOST", 0, 1) == 1,
-            gdr: word_var(get, "RIVET_GDR", "auto, off or force", crate::gdr::Mode::parse),
+            gdr: word_var(get, "RIVET_GDR", "auto, off or force", crate::gpu::gdr::Mode::parse),
             dmabuf: word_var(get, "RIVET_DMABUF", "auto or off", |s| match s.trim().to_ascii_lowercase().as_str() {
                 "auto" | "1" => Some(true),
                 "off" | "0" => Some(false),
@@ -408,7 +419,7 @@ mod tests {
     fn gdr_variables() {
         use crate::topo::PathClass;
         let c = Config::from_env_with(&|_| None);
-        assert_eq!((c.gdr, c.dmabuf, c.gdr_level), (crate::gdr::Mode::Auto, true, PathClass::Pxb));
+        assert_eq!((c.gdr, c.dmabuf, c.gdr_level), (crate::gpu::gdr::Mode::Auto, true, PathClass::Pxb));
         let get = |n: &str| {
             Some(match n {
                 "RIVET_GDR" => "force",
@@ -419,10 +430,10 @@ mod tests {
             .to_string())
         };
         let c = Config::from_env_with(&get);
-        assert_eq!((c.gdr, c.dmabuf, c.gdr_level), (crate::gdr::Mode::Force, false, PathClass::Sys));
+        assert_eq!((c.gdr, c.dmabuf, c.gdr_level), (crate::gpu::gdr::Mode::Force, false, PathClass::Sys));
         let bad = |n: &str| (n == "RIVET_GDR_LEVEL" || n == "RIVET_GDR").then(|| "far".to_string());
         let c = Config::from_env_with(&bad);
-        assert_eq!((c.gdr, c.gdr_level), (crate::gdr::Mode::Auto, PathClass::Pxb));
+        assert_eq!((c.gdr, c.gdr_level), (crate::gpu::gdr::Mode::Auto, PathClass::Pxb));
     }
 
     #[test]

@@ -3,15 +3,12 @@
 
 pub mod abi;
 pub mod config;
-pub mod cuda;
-pub mod doctor;
 pub mod error;
-pub mod gdr;
+pub mod gpu;
 pub mod handles;
 pub mod log;
 pub mod plugin;
 pub mod proto;
-pub mod staging;
 pub mod sys;
 pub mod topo;
 pub mod transport;

@@ -23,13 +23,11 @@ struct Bridge;
 static BRIDGE: Bridge = Bridge;
 
 fn level_from_env() -> LevelFilter {
-    // Read directly (not through config::env): the logger must be set up before a WARN can be
-    // written, and a non-UTF-8 value falls back to WARN like any unknown one.
-    match std::env::var("NCCL_DEBUG").map(|s| s.to_ascii_uppercase()).as_deref() {
-        Ok("TRACE") => LevelFilter::Trace,
-        Ok("INFO") => LevelFilter::Info,
-        Ok("WARN") | Ok("ABORT") | Ok("VERSION") => LevelFilter::Warn,
-        Ok("NONE") => LevelFilter::Off,
+    match crate::config::nccl_debug().map(|s| s.to_ascii_uppercase()).as_deref() {
+        Some("TRACE") => LevelFilter::Trace,
+        Some("INFO") => LevelFilter::Info,
+        Some("WARN") | Some("ABORT") | Some("VERSION") => LevelFilter::Warn,
+        Some("NONE") => LevelFilter::Off,
         _ => LevelFilter::Warn,
     }
 }

@@ -4,7 +4,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-pub const HANDLE_SIZE: usize = 128;
+pub mod layout;
+
+use layout::{get, get_u16, get_u32, get_u64, get_u8, put, put_u16, put_u32, put_u64, put_u8};
+
+pub const HANDLE_SIZE: usize = layout::handle::SIZE;
 const HANDLE_MAGIC: u32 = 0x5256_4e54; // "RVNT"
 /// Bumped whenever a wire format changes: ranks must run one rivet build.
 pub const PROTO_VERSION: u8 = 2;
@@ -108,19 +112,6 @@ impl std::fmt::Display for Explain<'_> {
         }
     }
 }
-/// Where a connect in progress keeps its state pointer and cookie inside the caller's handle
-/// buffer (NCCL calls connect again with the same buffer until it returns a comm).
-const STAGE_OFF: usize = 112;
-
-fn rd_u16(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes(b[o..o + 2].try_into().unwrap())
-}
-fn rd_u32(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
-}
-fn rd_u64(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Handle {
@@ -155,53 +146,59 @@ impl std::fmt::Display for HandleError {
 
 impl Handle {
     pub fn encode(&self, out: &mut [u8; HANDLE_SIZE]) {
+        use layout::handle::*;
         out.fill(0);
-        out[0..4].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
-        out[4] = PROTO_VERSION;
-        out[5] = self.transport;
-        out[8..16].copy_from_slice(&self.magic.to_le_bytes());
-        out[16..18].copy_from_slice(&self.addr.port().to_le_bytes());
+        put_u32(out, MAGIC, HANDLE_MAGIC);
+        put_u8(out, VERSION, PROTO_VERSION);
+        put_u8(out, TRANSPORT, self.transport);
+        put_u64(out, LISTEN_MAGIC, self.magic);
+        put_u16(out, PORT, self.addr.port());
+        let mut addr = [0u8; 16];
         match self.addr.ip() {
             IpAddr::V4(a) => {
-                out[6] = 4;
-                out[20..24].copy_from_slice(&a.octets());
+                put_u8(out, FAMILY, 4);
+                addr[..4].copy_from_slice(&a.octets());
             }
             IpAddr::V6(a) => {
-                out[6] = 6;
-                out[20..36].copy_from_slice(&a.octets());
+                put_u8(out, FAMILY, 6);
+                addr = a.octets();
             }
         }
+        put(out, ADDR, &addr);
     }
 
     pub fn decode(b: &[u8; HANDLE_SIZE]) -> Result<Handle, HandleError> {
-        let m = rd_u32(b, 0);
+        use layout::handle::*;
+        let m = get_u32(b, MAGIC);
         if m != HANDLE_MAGIC {
             return Err(HandleError::NotRivet(m));
         }
-        if b[4] != PROTO_VERSION {
-            return Err(HandleError::Version(b[4]));
+        let v = get_u8(b, VERSION);
+        if v != PROTO_VERSION {
+            return Err(HandleError::Version(v));
         }
-        let port = rd_u16(b, 16);
-        let ip = match b[6] {
-            4 => IpAddr::V4(Ipv4Addr::new(b[20], b[21], b[22], b[23])),
-            6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&b[20..36]).unwrap())),
+        let a = get(b, ADDR);
+        let ip = match get_u8(b, FAMILY) {
+            4 => IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3])),
+            6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(a).unwrap())),
             x => return Err(HandleError::Family(x)),
         };
-        Ok(Handle { transport: b[5], magic: rd_u64(b, 8), addr: SocketAddr::new(ip, port) })
+        Ok(Handle { transport: get_u8(b, TRANSPORT), magic: get_u64(b, LISTEN_MAGIC), addr: SocketAddr::new(ip, get_u16(b, PORT)) })
     }
 }
 
-/// The connect-in-progress stage stored in a handle: (state pointer, cookie).
+/// The connect-in-progress stage stored in a handle: (state pointer, cookie). NCCL calls connect
+/// again with the same buffer until it returns a comm.
 pub fn stage_get(b: &[u8; HANDLE_SIZE]) -> (u64, u64) {
-    (rd_u64(b, STAGE_OFF), rd_u64(b, STAGE_OFF + 8))
+    (get_u64(b, layout::handle::STAGE), get_u64(b, layout::handle::STAGE_COOKIE))
 }
 
 pub fn stage_set(b: &mut [u8; HANDLE_SIZE], ptr: u64, cookie: u64) {
-    b[STAGE_OFF..STAGE_OFF + 8].copy_from_slice(&ptr.to_le_bytes());
-    b[STAGE_OFF + 8..STAGE_OFF + 16].copy_from_slice(&cookie.to_le_bytes());
+    put_u64(b, layout::handle::STAGE, ptr);
+    put_u64(b, layout::handle::STAGE_COOKIE, cookie);
 }
 
-pub const HELLO_SIZE: usize = 32;
+pub const HELLO_SIZE: usize = layout::hello::SIZE;
 const HELLO_MAGIC: u32 = 0x5256_484c; // "RVHL"
 pub const MAX_STREAMS: usize = 16;
 
@@ -242,32 +239,34 @@ impl std::fmt::Display for HelloError {
 
 impl Hello {
     pub fn encode(&self) -> [u8; HELLO_SIZE] {
+        use layout::hello::*;
         let mut b = [0u8; HELLO_SIZE];
-        b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-        b[4..6].copy_from_slice(&(PROTO_VERSION as u16).to_le_bytes());
-        b[6..8].copy_from_slice(&self.nstreams.to_le_bytes());
-        b[8..16].copy_from_slice(&self.listen_magic.to_le_bytes());
-        b[16..24].copy_from_slice(&self.conn_id.to_le_bytes());
-        b[24..26].copy_from_slice(&self.stream.to_le_bytes());
-        b[28..32].copy_from_slice(&self.min_chunk.to_le_bytes());
+        put_u32(&mut b, MAGIC, HELLO_MAGIC);
+        put_u16(&mut b, VERSION, PROTO_VERSION as u16);
+        put_u16(&mut b, NSTREAMS, self.nstreams);
+        put_u64(&mut b, LISTEN_MAGIC, self.listen_magic);
+        put_u64(&mut b, CONN_ID, self.conn_id);
+        put_u16(&mut b, STREAM, self.stream);
+        put_u32(&mut b, MIN_CHUNK, self.min_chunk);
         b
     }
 
     pub fn decode(b: &[u8; HELLO_SIZE]) -> Result<Hello, HelloError> {
-        let m = rd_u32(b, 0);
+        use layout::hello::*;
+        let m = get_u32(b, MAGIC);
         if m != HELLO_MAGIC {
             return Err(HelloError::Garbage(m.swap_bytes()));
         }
-        let v = rd_u16(b, 4);
+        let v = get_u16(b, VERSION);
         if v != PROTO_VERSION as u16 {
             return Err(HelloError::Version(v));
         }
         let h = Hello {
-            nstreams: rd_u16(b, 6),
-            listen_magic: rd_u64(b, 8),
-            conn_id: rd_u64(b, 16),
-            stream: rd_u16(b, 24),
-            min_chunk: rd_u32(b, 28),
+            nstreams: get_u16(b, NSTREAMS),
+            listen_magic: get_u64(b, LISTEN_MAGIC),
+            conn_id: get_u64(b, CONN_ID),
+            stream: get_u16(b, STREAM),
+            min_chunk: get_u32(b, MIN_CHUNK),
         };
         if h.nstreams == 0 || h.nstreams as usize > MAX_STREAMS || h.stream >= h.nstreams {
             return Err(HelloError::BadStreams { stream: h.stream, nstreams: h.nstreams });
@@ -279,25 +278,27 @@ impl Hello {
     }
 }
 
-pub const ACK_SIZE: usize = 16;
+pub const ACK_SIZE: usize = layout::ack::SIZE;
 const ACK_MAGIC: u32 = 0x5256_414b; // "RVAK"
 pub const ACK_OK: u32 = 0;
 pub const ACK_BAD_MAGIC: u32 = 1;
 
 pub fn encode_ack(conn_id: u64, status: u32) -> [u8; ACK_SIZE] {
+    use layout::ack::*;
     let mut b = [0u8; ACK_SIZE];
-    b[0..4].copy_from_slice(&ACK_MAGIC.to_le_bytes());
-    b[4..8].copy_from_slice(&status.to_le_bytes());
-    b[8..16].copy_from_slice(&conn_id.to_le_bytes());
+    put_u32(&mut b, MAGIC, ACK_MAGIC);
+    put_u32(&mut b, STATUS, status);
+    put_u64(&mut b, CONN_ID, conn_id);
     b
 }
 
 /// `Some((conn_id, status))`, or None when the bytes are not an ack.
 pub fn decode_ack(b: &[u8; ACK_SIZE]) -> Option<(u64, u32)> {
-    (rd_u32(b, 0) == ACK_MAGIC).then(|| (rd_u64(b, 8), rd_u32(b, 4)))
+    use layout::ack::*;
+    (get_u32(b, MAGIC) == ACK_MAGIC).then(|| (get_u64(b, CONN_ID), get_u32(b, STATUS)))
 }
 
-pub const MSG_HDR_SIZE: usize = 24;
+pub const MSG_HDR_SIZE: usize = layout::msg::SIZE;
 const MSG_MAGIC: u32 = 0x5256_4d48; // "RVMH"
 
 /// Sent on stream 0 before each message's first chunk.
@@ -310,19 +311,17 @@ pub struct MsgHeader {
 
 impl MsgHeader {
     pub fn encode(&self, b: &mut [u8; MSG_HDR_SIZE]) {
-        b[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&self.seq.to_le_bytes());
-        b[8..16].copy_from_slice(&self.size.to_le_bytes());
-        b[16..20].copy_from_slice(&self.tag.to_le_bytes());
-        b[20..24].fill(0);
+        use layout::msg::*;
+        put_u32(b, MAGIC, MSG_MAGIC);
+        put_u32(b, SEQ, self.seq);
+        put_u64(b, LEN, self.size);
+        put_u32(b, TAG, self.tag as u32);
+        put_u32(b, RESERVED, 0);
     }
 
     pub fn decode(b: &[u8; MSG_HDR_SIZE]) -> Option<MsgHeader> {
-        (rd_u32(b, 0) == MSG_MAGIC).then(|| MsgHeader {
-            seq: rd_u32(b, 4),
-            size: rd_u64(b, 8),
-            tag: rd_u32(b, 16) as i32,
-        })
+        use layout::msg::*;
+        (get_u32(b, MAGIC) == MSG_MAGIC).then(|| MsgHeader { seq: get_u32(b, SEQ), size: get_u64(b, LEN), tag: get_u32(b, TAG) as i32 })
     }
 }
 

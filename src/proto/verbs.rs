@@ -3,16 +3,17 @@
 //! sender's FIFO, the header of an eager message, the immediate-data encoding, and the
 //! 128-byte-aligned split of a message across queue pairs.
 
-use super::{rd_u16, rd_u32, rd_u64, PROTO_VERSION};
+use super::layout::{self, get, get_u16, get_u32, get_u64, get_u8, put, put_u16, put_u32, put_u64, put_u8};
+use super::PROTO_VERSION;
 
-pub const META_SIZE: usize = 160;
+pub const META_SIZE: usize = layout::meta::SIZE;
 const META_MAGIC: u32 = 0x5256_564d; // "RVVM"
 /// Most queue pairs one connection may use.
 pub const MAX_QPS: usize = 16;
 /// Most buffers in one grouped receive (NCCL's `maxRecvs`); a clear-to-send entry counts them
 /// in 4 bits.
 pub const MAX_GROUP: usize = 8;
-const NAME_LEN: usize = 32;
+const NAME_LEN: usize = layout::meta::DEV_NAME.len;
 
 /// What each side of a verbs connection tells the other. `fifo_addr`/`fifo_rkey` name the memory
 /// the peer writes into: the sender's CTS FIFO (followed by its credit word), or the receiver's
@@ -66,92 +67,97 @@ impl std::fmt::Display for MetaError {
 
 impl Meta {
     pub fn encode(&self) -> [u8; META_SIZE] {
+        use layout::meta::*;
         let mut b = [0u8; META_SIZE];
-        b[0..4].copy_from_slice(&META_MAGIC.to_le_bytes());
-        b[4..6].copy_from_slice(&(PROTO_VERSION as u16).to_le_bytes());
-        b[6..8].copy_from_slice(&(META_SIZE as u16).to_le_bytes());
-        b[8] = self.nqps;
-        b[9] = self.link_layer;
-        b[10] = self.port;
-        b[11] = self.mtu;
-        b[12..14].copy_from_slice(&self.lid.to_le_bytes());
-        b[14] = self.tc;
-        b[15] = self.sl;
-        b[16..32].copy_from_slice(&self.gid);
-        b[32..40].copy_from_slice(&self.fifo_addr.to_le_bytes());
-        b[40..44].copy_from_slice(&self.fifo_rkey.to_le_bytes());
-        let name = self.dev_name.as_bytes();
-        let n = name.len().min(NAME_LEN - 1);
-        b[48..48 + n].copy_from_slice(&name[..n]);
+        put_u32(&mut b, MAGIC, META_MAGIC);
+        put_u16(&mut b, VERSION, PROTO_VERSION as u16);
+        put_u16(&mut b, LENGTH, META_SIZE as u16);
+        put_u8(&mut b, NQPS, self.nqps);
+        put_u8(&mut b, LINK_LAYER, self.link_layer);
+        put_u8(&mut b, PORT, self.port);
+        put_u8(&mut b, MTU, self.mtu);
+        put_u16(&mut b, LID, self.lid);
+        put_u8(&mut b, TC, self.tc);
+        put_u8(&mut b, SL, self.sl);
+        put(&mut b, GID, &self.gid);
+        put_u64(&mut b, FIFO_ADDR, self.fifo_addr);
+        put_u32(&mut b, FIFO_RKEY, self.fifo_rkey);
+        put_u32(&mut b, RING_RKEY, self.ring_rkey);
+        let mut name = [0u8; NAME_LEN];
+        let n = self.dev_name.len().min(NAME_LEN - 1);
+        name[..n].copy_from_slice(&self.dev_name.as_bytes()[..n]);
+        put(&mut b, DEV_NAME, &name);
         for (i, q) in self.qpns.iter().take(MAX_QPS).enumerate() {
-            b[80 + 4 * i..84 + 4 * i].copy_from_slice(&q.to_le_bytes());
+            put_u32(&mut b, qpn(i), *q);
         }
-        b[44..48].copy_from_slice(&self.ring_rkey.to_le_bytes());
-        b[144..152].copy_from_slice(&self.ring_addr.to_le_bytes());
-        b[152..156].copy_from_slice(&self.eager_max.to_le_bytes());
-        b[156..158].copy_from_slice(&self.ring_slots.to_le_bytes());
+        put_u64(&mut b, RING_ADDR, self.ring_addr);
+        put_u32(&mut b, EAGER_MAX, self.eager_max);
+        put_u16(&mut b, RING_SLOTS, self.ring_slots);
         b
     }
 
     pub fn decode(b: &[u8; META_SIZE]) -> Result<Meta, MetaError> {
-        let m = rd_u32(b, 0);
+        use layout::meta::*;
+        let m = get_u32(b, MAGIC);
         if m != META_MAGIC {
             return Err(MetaError::NotRivet(m));
         }
-        let v = rd_u16(b, 4);
+        let v = get_u16(b, VERSION);
         if v != PROTO_VERSION as u16 {
             return Err(MetaError::Version(v));
         }
-        let len = rd_u16(b, 6);
+        let len = get_u16(b, LENGTH);
         if len as usize != META_SIZE {
             return Err(MetaError::Length(len));
         }
-        let nqps = b[8];
+        let nqps = get_u8(b, NQPS);
         if nqps == 0 || nqps as usize > MAX_QPS {
             return Err(MetaError::Field("queue pair count", nqps as u64));
         }
-        if !(1..=2).contains(&b[9]) {
-            return Err(MetaError::Field("link layer", b[9] as u64));
+        let link_layer = get_u8(b, LINK_LAYER);
+        if !(1..=2).contains(&link_layer) {
+            return Err(MetaError::Field("link layer", link_layer as u64));
         }
-        if !(1..=5).contains(&b[11]) {
-            return Err(MetaError::Field("MTU", b[11] as u64));
+        let mtu = get_u8(b, MTU);
+        if !(1..=5).contains(&mtu) {
+            return Err(MetaError::Field("MTU", mtu as u64));
         }
-        let name_raw = &b[48..48 + NAME_LEN];
+        let name_raw = get(b, DEV_NAME);
         let end = name_raw.iter().position(|&c| c == 0).unwrap_or(NAME_LEN);
-        let qpns: Vec<u32> = (0..nqps as usize).map(|i| rd_u32(b, 80 + 4 * i)).collect();
+        let qpns: Vec<u32> = (0..nqps as usize).map(|i| get_u32(b, qpn(i))).collect();
         if let Some(&q) = qpns.iter().find(|&&q| q == 0 || q > 0xff_ffff) {
             return Err(MetaError::Field("queue pair number", q as u64));
         }
-        let ring_slots = rd_u16(b, 156);
+        let ring_slots = get_u16(b, RING_SLOTS);
         if ring_slots > MAX_RING_SLOTS {
             return Err(MetaError::Field("eager ring size", ring_slots as u64));
         }
-        let eager_max = rd_u32(b, 152);
+        let eager_max = get_u32(b, EAGER_MAX);
         if eager_max > MAX_EAGER {
             return Err(MetaError::Field("eager limit", eager_max as u64));
         }
         Ok(Meta {
             nqps,
-            link_layer: b[9],
-            port: b[10],
-            mtu: b[11],
-            lid: rd_u16(b, 12),
-            tc: b[14],
-            sl: b[15],
-            gid: b[16..32].try_into().unwrap(),
-            fifo_addr: rd_u64(b, 32),
-            fifo_rkey: rd_u32(b, 40),
+            link_layer,
+            port: get_u8(b, PORT),
+            mtu,
+            lid: get_u16(b, LID),
+            tc: get_u8(b, TC),
+            sl: get_u8(b, SL),
+            gid: get(b, GID).try_into().unwrap(),
+            fifo_addr: get_u64(b, FIFO_ADDR),
+            fifo_rkey: get_u32(b, FIFO_RKEY),
             dev_name: String::from_utf8_lossy(&name_raw[..end]).into_owned(),
             qpns,
-            ring_addr: rd_u64(b, 144),
-            ring_rkey: rd_u32(b, 44),
+            ring_addr: get_u64(b, RING_ADDR),
+            ring_rkey: get_u32(b, RING_RKEY),
             ring_slots,
             eager_max,
         })
     }
 }
 
-pub const NOTICE_SIZE: usize = 32;
+pub const NOTICE_SIZE: usize = layout::notice::SIZE;
 const NOTICE_MAGIC: u32 = 0x5256_4e4f; // "RVNO"
 
 /// Sent by the sender over the out-of-band socket when it fails a send because of a collective
@@ -165,20 +171,22 @@ pub struct Mismatch {
 
 impl Mismatch {
     pub fn encode(&self) -> [u8; NOTICE_SIZE] {
+        use layout::notice::*;
         let mut b = [0u8; NOTICE_SIZE];
-        b[0..4].copy_from_slice(&NOTICE_MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&1u32.to_le_bytes());
-        b[8..16].copy_from_slice(&self.send_size.to_le_bytes());
-        b[16..24].copy_from_slice(&self.recv_size.to_le_bytes());
-        b[24..28].copy_from_slice(&self.tag.to_le_bytes());
+        put_u32(&mut b, MAGIC, NOTICE_MAGIC);
+        put_u32(&mut b, KIND, 1);
+        put_u64(&mut b, SEND_SIZE, self.send_size);
+        put_u64(&mut b, RECV_SIZE, self.recv_size);
+        put_u32(&mut b, TAG, self.tag as u32);
         b
     }
 
     pub fn decode(b: &[u8; NOTICE_SIZE]) -> Option<Mismatch> {
-        (rd_u32(b, 0) == NOTICE_MAGIC && rd_u32(b, 4) == 1).then(|| Mismatch {
-            send_size: rd_u64(b, 8),
-            recv_size: rd_u64(b, 16),
-            tag: rd_u32(b, 24) as i32,
+        use layout::notice::*;
+        (get_u32(b, MAGIC) == NOTICE_MAGIC && get_u32(b, KIND) == 1).then(|| Mismatch {
+            send_size: get_u64(b, SEND_SIZE),
+            recv_size: get_u64(b, RECV_SIZE),
+            tag: get_u32(b, TAG) as i32,
         })
     }
 }
@@ -341,7 +349,6 @@ mod tests {
     fn cts_packs_size_and_count() {
         let c = Cts::new(1, (1 << 40) + 5, 2, -1, 8, 77, 9);
         assert_eq!((c.size(), c.n(), c.base, c.stamp), ((1 << 40) + 5, 8, 77, 9));
-        assert_eq!(std::mem::size_of::<EagerHdr>(), EAGER_HDR);
     }
 
     #[test]
@@ -359,13 +366,6 @@ mod tests {
         let m = Mismatch { send_size: 65536, recv_size: 4096, tag: -3 };
         assert_eq!(Mismatch::decode(&m.encode()), Some(m));
         assert_eq!(Mismatch::decode(&[0u8; NOTICE_SIZE]), None);
-    }
-
-    #[test]
-    fn cts_entry_is_32_bytes_with_stamp_last() {
-        assert_eq!(std::mem::size_of::<Cts>(), 32);
-        assert_eq!(std::mem::align_of::<Cts>(), 32);
-        assert_eq!(std::mem::offset_of!(Cts, stamp), 28);
     }
 
     #[test]

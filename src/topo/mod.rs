@@ -179,7 +179,7 @@ impl Topology {
 
     /// The root `RIVET_SYSFS_ROOT` names, else `/sys`.
     pub fn default_root() -> PathBuf {
-        std::env::var_os("RIVET_SYSFS_ROOT").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/sys"))
+        crate::config::sysfs_root()
     }
 
     /// The PCI function with this bus id (as CUDA reports it: "00000000:18:00.0", "0000:18:00.0"

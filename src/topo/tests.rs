@@ -174,7 +174,7 @@ fn bus_ids_and_json() {
 /// path class, with a GPU and NIC that support GDR and the default RIVET_GDR_LEVEL (PXB).
 #[test]
 fn gdr_decision_on_fixtures() {
-    use crate::gdr::{decide, locate, Decision, Facts, Mode, Via};
+    use crate::gpu::gdr::{decide, locate, Decision, Facts, Mode, Via};
     let decide_on = |t: &Topology, gpu: &str, nic: &str| {
         let (path, gpu_numa, nic_numa) = locate(t, gpu, nic);
         let f = Facts {

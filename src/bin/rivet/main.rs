@@ -133,7 +133,7 @@ fn run(cli: Cli) -> Res<i32> {
         Cmd::Perf(o) => {
             o.check()?;
             if o.cuda {
-                nccl_net_rivet::cuda::get().map_err(|why| format!("--cuda: no usable CUDA driver: {why}"))?;
+                nccl_net_rivet::gpu::cuda::get().map_err(|why| format!("--cuda: no usable CUDA driver: {why}"))?;
                 if std::env::var_os("RIVET_SOCKET_CUDA").is_none() {
                     // GPU buffers over the TCP transport go through the staging engine only when asked.
                     std::env::set_var("RIVET_SOCKET_CUDA", "1");

@@ -52,9 +52,9 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let mut small = [0u8; 8];
     // With --cuda the same pattern lives in GPU memory, registered as CUDA buffers.
     let gpu = if o.cuda {
-        let big = nccl_net_rivet::cuda::DeviceBuf::new(0, max).map_err(|e| e.msg)?;
+        let big = nccl_net_rivet::gpu::cuda::DeviceBuf::new(0, max).map_err(|e| e.msg)?;
         big.upload(&buf).map_err(|e| e.msg)?;
-        let small = nccl_net_rivet::cuda::DeviceBuf::new(0, 8).map_err(|e| e.msg)?;
+        let small = nccl_net_rivet::gpu::cuda::DeviceBuf::new(0, 8).map_err(|e| e.msg)?;
         Some((big, small))
     } else {
         None

@@ -14,13 +14,14 @@
 use super::dev::IbPort;
 use super::res::{Cq, QpRts};
 use crate::error::{Error, Kind, Result};
-use crate::proto::verbs::{Mismatch, EAGER_HDR, NOTICE_SIZE};
+use super::oob::{self, PeerState};
+use crate::proto::verbs::{Mismatch, EAGER_HDR};
 use crate::proto::{Explain, ProtoError};
 use crate::sys::ib::*;
 use crate::sys::verbs::{self, wc_status_hint, wc_status_name};
 use crate::transport::MrInfo;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 pub use crate::proto::recv::{FLUSH_REQS, RECV_REQS};
@@ -61,16 +62,6 @@ pub const HDRS_BYTES: usize = (SEND_REQS + RTS_HDRS) * EAGER_HDR;
 /// Bytes of one eager ring slot for a given eager limit.
 pub fn slot_bytes(eager_max: usize) -> usize {
     (EAGER_HDR + eager_max).next_multiple_of(64)
-}
-
-enum PeerState {
-    Alive,
-    /// The out-of-band socket ended (EOF or reset): the peer process exited or crashed.
-    Gone,
-    /// The out-of-band socket timed out (keepalive) or lost its route: the peer host stopped
-    /// answering.
-    Unreachable(std::io::Error),
-    Mismatch(Mismatch),
 }
 
 /// State shared by both directions: the peer, its out-of-band socket, the death certificate.
@@ -151,35 +142,12 @@ impl Common {
         format!("{}:{} QPN {qpn} (peer {})", self.port.dev.name, self.port.port, self.peer)
     }
 
-    /// Whether the peer's out-of-band socket is closed (it exited or crashed), or has a notice.
     fn peer_state(&self) -> PeerState {
-        let mut b = [0u8; NOTICE_SIZE];
-        let r = unsafe {
-            libc::recv(self.oob.as_raw_fd(), b.as_mut_ptr() as *mut _, NOTICE_SIZE, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-        };
-        if r == NOTICE_SIZE as isize {
-            if let Some(m) = Mismatch::decode(&b) {
-                return PeerState::Mismatch(m);
-            }
-        }
-        if r > 0 {
-            return PeerState::Alive;
-        }
-        if r == 0 {
-            return PeerState::Gone;
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EAGAIN) | Some(libc::EINTR) => PeerState::Alive,
-            _ if crate::transport::socket::sock::host_unreachable(&e) => PeerState::Unreachable(e),
-            _ => PeerState::Gone,
-        }
+        oob::peer_state(&self.oob)
     }
 
-    /// Tell the peer why this side fails (best effort; the socket is otherwise idle).
     fn notify_mismatch(&self, m: Mismatch) {
-        let b = m.encode();
-        unsafe { libc::send(self.oob.as_raw_fd(), b.as_ptr() as *const _, b.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        oob::notify_mismatch(&self.oob, m)
     }
 
     /// What the protocol engine found, as the comm's error: a mismatch is the application's

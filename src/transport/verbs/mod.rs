@@ -9,7 +9,9 @@
 pub mod conn;
 pub mod dev;
 pub mod mr;
+pub mod oob;
 pub mod recv;
+pub mod reg;
 pub mod res;
 pub mod select;
 pub mod send;

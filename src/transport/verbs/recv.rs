@@ -130,7 +130,7 @@ impl VerbsRecv {
                     // the engine); `dst` is the posted receive buffer of at least `len` bytes.
                     let src = unsafe { p.add(EAGER_HDR) };
                     if gpu {
-                        if let Err(e) = crate::cuda::copy_to_device_sync(dst as usize, src, len) {
+                        if let Err(e) = crate::gpu::cuda::copy_to_device_sync(dst as usize, src, len) {
                             return Err(self.c.die(Error::system(format!("{}: eager message into GPU memory: {e}", self.c.where_(0)))));
                         }
                     } else {

@@ -1,5 +1,10 @@
-//! `rivet doctor`: the report of `nccl_net_rivet::doctor`, with `--selftest` (loopback transfers
+//! `rivet doctor`: the pre-flight check of an RDMA + GPU node, built on the code the plugin runs
+//! (device discovery, GID choice, memlock check, GPUDirect probes, topology probe, GDR decision):
+//! the facts ([`facts`]), the report on them ([`report`]), with `--selftest` (loopback transfers
 //! through the plugin), `--json`, `--save FILE` and `--diff FILE`.
+
+mod facts;
+mod report;
 
 use crate::net::{self, Res};
 use crate::LibOpt;
@@ -36,8 +41,8 @@ fn open_save(path: &Path) -> Res<std::fs::File> {
 /// `rivet doctor --selftest`: a short loopback transfer through the plugin on every device (two
 /// processes on the same device, as `rivet perf --dev d,d` runs them), reported next to what the
 /// port's speed promises.
-fn self_test(lib: Option<&Path>, gpu: bool) -> Res<nccl_net_rivet::doctor::Section> {
-    use nccl_net_rivet::doctor::{Section, Verdict};
+fn self_test(lib: Option<&Path>, gpu: bool) -> Res<report::Section> {
+    use report::{Section, Verdict};
     let lib = net::find_library(lib)?;
     let n = net::Net::load(&lib)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -105,36 +110,35 @@ fn self_test(lib: Option<&Path>, gpu: bool) -> Res<nccl_net_rivet::doctor::Secti
 }
 
 pub fn run(o: &Opts) -> Res<i32> {
-    use nccl_net_rivet::doctor;
     use std::io::Write;
     // Both files are checked before the report is made or printed.
     let mut save = o.save.as_deref().map(open_save).transpose()?;
     let old = match &o.diff {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| format!("--diff {}: cannot read it: {e}", path.display()))?;
-            Some(doctor::load_facts(&text).map_err(|e| format!("--diff {}: {e}", path.display()))?)
+            Some(facts::load_facts(&text).map_err(|e| format!("--diff {}: {e}", path.display()))?)
         }
         None => None,
     };
-    let f = doctor::Facts::gather();
-    let mut sections = doctor::analyze(&f);
+    let f = facts::Facts::gather();
+    let mut sections = report::analyze(&f);
     if o.selftest {
         let gpu = matches!(&f.cuda, Ok((_, g)) if !g.is_empty());
         sections.push(self_test(o.lib.lib.as_deref(), gpu)?);
     }
-    let facts = doctor::fact_map(&f);
+    let facts = facts::fact_map(&f);
     if o.json {
-        println!("{}", doctor::to_json(&sections, &facts));
+        println!("{}", facts::to_json(&sections, &facts));
     } else {
-        print!("{}", doctor::render(&sections));
+        print!("{}", report::render(&sections));
     }
     if let (Some(file), Some(path)) = (save.as_mut(), &o.save) {
-        file.write_all((doctor::to_json(&sections, &facts) + "\n").as_bytes())
+        file.write_all((facts::to_json(&sections, &facts) + "\n").as_bytes())
             .map_err(|e| format!("--save {}: cannot write it: {e}", path.display()))?;
         eprintln!("rivet doctor: baseline saved to {}", path.display());
     }
     if let (Some(old), Some(path)) = (old, &o.diff) {
-        let (lines, matters) = doctor::diff(&old, &facts);
+        let (lines, matters) = facts::diff(&old, &facts);
         println!(
             "== changes since {}: {}",
             path.display(),

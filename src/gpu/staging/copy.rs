@@ -1,0 +1,251 @@
+//! The staging engine's copiers (CUDA streams and events, or a plain memcpy for the CPU tests)
+//! and its pool of pinned, registered bounce buffers.
+
+use super::FENCES;
+use crate::error::Result;
+use crate::gpu::cuda;
+use crate::transport::MrInfo;
+use std::mem::ManuallyDrop;
+
+/// Moves bytes between device and host memory, asynchronously, in batches ended by a fence.
+pub trait Copier: Send {
+    /// The CUDA device whose memory it copies (None: the host copier).
+    fn gpu(&self) -> Option<i32>;
+    /// Memory the transport may read and write, and the copier may copy to and from.
+    fn alloc(&mut self, len: usize) -> Result<HostMem>;
+    fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()>;
+    fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()>;
+    /// End the batch of copies issued since the last fence; `id` < FENCES names it.
+    fn fence(&mut self, id: usize) -> Result<()>;
+    /// Whether every copy before fence `id` has completed.
+    fn reached(&mut self, id: usize) -> Result<bool>;
+    /// Wait, bounded, for every copy issued (before bounce buffers are freed); false when some
+    /// are still running.
+    fn drain(&mut self) -> bool;
+    /// Free bounce memory (CUDA: inside the GPU's context).
+    fn free(&mut self, mem: HostMem) {
+        drop(mem);
+    }
+}
+
+/// Bounce memory: pinned by CUDA, or plain pages for the host copier.
+pub enum HostMem {
+    Pinned(cuda::PinnedBuf),
+    Plain(Vec<u8>),
+}
+
+impl HostMem {
+    fn ptr(&mut self) -> *mut u8 {
+        match self {
+            HostMem::Pinned(p) => p.ptr,
+            HostMem::Plain(v) => v.as_mut_ptr(),
+        }
+    }
+}
+
+/// Registers bounce buffers with the comm's transport (verbs: an MR on the comm's device).
+pub trait Registrar: Send {
+    /// The registration, and a handle to release it with.
+    fn register(&self, addr: usize, len: usize) -> Result<(MrInfo, usize)>;
+    fn release(&self, handle: usize);
+}
+
+/// TCP: nothing to register.
+pub struct NoRegistration;
+
+impl Registrar for NoRegistration {
+    fn register(&self, addr: usize, len: usize) -> Result<(MrInfo, usize)> {
+        Ok((MrInfo { addr, len, ..Default::default() }, 0))
+    }
+    fn release(&self, _: usize) {}
+}
+
+// ---------------------------------------------------------------------------------------------
+// Copiers.
+
+/// Copies on one CUDA stream of the GPU that owns the comm's buffers.
+pub struct CudaCopier {
+    stream: ManuallyDrop<cuda::Stream>,
+    ctx: ManuallyDrop<cuda::Context>,
+    pub ordinal: i32,
+    pub bus_id: String,
+}
+
+impl CudaCopier {
+    pub fn new(ordinal: i32, bus_id: String) -> Result<CudaCopier> {
+        let ctx = cuda::Context::primary(ordinal)?;
+        let stream = ctx.with(|| cuda::Stream::new(FENCES))?;
+        Ok(CudaCopier { stream: ManuallyDrop::new(stream), ctx: ManuallyDrop::new(ctx), ordinal, bus_id })
+    }
+}
+
+impl Copier for CudaCopier {
+    fn gpu(&self) -> Option<i32> {
+        Some(self.ordinal)
+    }
+    fn alloc(&mut self, len: usize) -> Result<HostMem> {
+        self.ctx.with(|| cuda::PinnedBuf::new(len)).map(HostMem::Pinned)
+    }
+    fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()> {
+        let s = &mut self.stream;
+        self.ctx.with(|| s.to_host(dst, src, len))
+    }
+    fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()> {
+        let s = &mut self.stream;
+        self.ctx.with(|| s.to_device(dst, src, len))
+    }
+    fn fence(&mut self, id: usize) -> Result<()> {
+        let s = &mut self.stream;
+        self.ctx.with(|| s.record(id))
+    }
+    fn reached(&mut self, id: usize) -> Result<bool> {
+        let s = &self.stream;
+        self.ctx.with(|| s.reached(id))
+    }
+    fn drain(&mut self) -> bool {
+        let s = &self.stream;
+        self.ctx.with(|| Ok(s.drain(std::time::Duration::from_secs(2)))).unwrap_or(false)
+    }
+    fn free(&mut self, mem: HostMem) {
+        let _ = self.ctx.with(|| {
+            drop(mem);
+            Ok(())
+        });
+    }
+}
+
+impl Drop for CudaCopier {
+    fn drop(&mut self) {
+        // The stream goes first, inside its context; then the context is released.
+        let ctx = unsafe { ManuallyDrop::take(&mut self.ctx) };
+        let stream = unsafe { ManuallyDrop::take(&mut self.stream) };
+        let _ = ctx.with(|| {
+            drop(stream);
+            Ok(())
+        });
+        drop(ctx);
+    }
+}
+
+/// memcpy between host buffers, standing in for the GPU in tests: copies run when their fence
+/// is first polled, and that poll still says "not reached", so the engine's waiting is exercised.
+/// One deferred copy: (destination, source, length).
+type HostCopy = (usize, usize, usize);
+
+#[derive(Default)]
+pub struct HostCopier {
+    pending: Vec<HostCopy>,
+    /// Per fence: its copies, and whether they have run.
+    batches: Vec<(Vec<HostCopy>, bool)>,
+}
+
+impl HostCopier {
+    pub fn new() -> HostCopier {
+        HostCopier { pending: Vec::new(), batches: (0..FENCES).map(|_| (Vec::new(), true)).collect() }
+    }
+    fn run(batch: &mut Vec<HostCopy>) {
+        for (dst, src, len) in batch.drain(..) {
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+        }
+    }
+}
+
+impl Copier for HostCopier {
+    fn gpu(&self) -> Option<i32> {
+        None
+    }
+    fn alloc(&mut self, len: usize) -> Result<HostMem> {
+        Ok(HostMem::Plain(vec![0u8; len.max(1)]))
+    }
+    fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()> {
+        self.pending.push((dst as usize, src, len));
+        Ok(())
+    }
+    fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()> {
+        self.pending.push((dst, src as usize, len));
+        Ok(())
+    }
+    fn fence(&mut self, id: usize) -> Result<()> {
+        let b = &mut self.batches[id];
+        // A fence reused before it was reached belonged to a cancelled request.
+        b.0.clear();
+        b.0.append(&mut self.pending);
+        b.1 = false;
+        Ok(())
+    }
+    fn reached(&mut self, id: usize) -> Result<bool> {
+        let b = &mut self.batches[id];
+        if b.1 {
+            return Ok(true);
+        }
+        Self::run(&mut b.0);
+        b.1 = true;
+        Ok(false)
+    }
+    fn drain(&mut self) -> bool {
+        // Copies not yet run are dropped, as a cancelled asynchronous copy would be: at close the
+        // buffers they name may already be gone.
+        self.pending.clear();
+        for b in &mut self.batches {
+            b.0.clear();
+        }
+        true
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bounce buffer pool.
+
+pub(super) struct Bounce {
+    pub(super) mem: HostMem,
+    pub(super) ptr: *mut u8,
+    /// The bounce buffer's registration with the transport.
+    pub(super) mr: MrInfo,
+    pub(super) handle: usize,
+    pub(super) class: usize,
+}
+
+pub(super) const MIN_CLASS: usize = 12; // 4 KiB
+
+pub(super) fn class_of(len: usize) -> usize {
+    (usize::BITS - (len.max(1) - 1).leading_zeros()).max(MIN_CLASS as u32) as usize
+}
+
+#[derive(Default)]
+pub(super) struct Pool {
+    pub(super) free: Vec<Vec<Bounce>>,
+    pub(super) bytes: usize,
+}
+
+impl Pool {
+    pub(super) fn get(&mut self, len: usize, copier: &mut dyn Copier, reg: &dyn Registrar) -> Result<Bounce> {
+        let class = class_of(len);
+        if self.free.len() <= class {
+            self.free.resize_with(class + 1, Vec::new);
+        }
+        if let Some(b) = self.free[class].pop() {
+            return Ok(b);
+        }
+        let size = 1usize << class;
+        let mut mem = copier.alloc(size)?;
+        let ptr = mem.ptr();
+        let (mr, handle) = reg.register(ptr as usize, size)?;
+        self.bytes += size;
+        log::trace!("NET/rivet: staging pool: new {size}-byte bounce buffer at {ptr:p} ({} bytes pooled)", self.bytes);
+        Ok(Bounce { mem, ptr, mr, handle, class })
+    }
+
+    pub(super) fn put(&mut self, b: Bounce) {
+        let c = b.class;
+        self.free[c].push(b);
+    }
+
+    /// Release every pooled buffer: its registration first, then its memory.
+    pub(super) fn clear(&mut self, reg: &dyn Registrar, copier: &mut dyn Copier) {
+        for b in self.free.drain(..).flatten() {
+            reg.release(b.handle);
+            copier.free(b.mem);
+        }
+    }
+}
+

@@ -1,0 +1,229 @@
+//! Listen, connect and accept: non-blocking stages driven by NCCL's repeated calls, and the
+//! reaping of connects NCCL gave up on.
+
+use super::*;
+
+
+pub struct ListenComm {
+    dev: i32,
+    listener: Listener,
+    /// RDMA setups of connections whose TCP handshake is done.
+    setups: Vec<Setup>,
+}
+
+fn transport_of(d: &Device) -> u8 {
+    if d.ib.is_some() {
+        proto::TRANSPORT_VERBS
+    } else {
+        proto::TRANSPORT_SOCKET
+    }
+}
+
+fn transport_name(t: u8) -> &'static str {
+    match t {
+        proto::TRANSPORT_SOCKET => "TCP",
+        proto::TRANSPORT_VERBS => "RDMA verbs",
+        _ => "unknown",
+    }
+}
+
+fn socket_send(link: Link) -> Box<dyn Conn> {
+    log::info!("NET/rivet: connected to {} over TCP with {} stream(s)", link.peer, link.fds.len());
+    Box::new(SendConn::new(link.fds, link.peer, link.min_chunk))
+}
+
+fn socket_recv(link: Link) -> Box<dyn Conn> {
+    log::info!("NET/rivet: accepted a TCP connection from {} with {} stream(s)", link.peer, link.fds.len());
+    Box::new(RecvConn::new(link.fds, link.peer, link.min_chunk))
+}
+
+/// A connect in progress, kept between NCCL's calls.
+pub(super) enum Stage {
+    Tcp(Connector),
+    Verbs(Box<Setup>),
+}
+
+fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> {
+    if handle.is_null() {
+        return Err(Error::internal("handle is NULL"));
+    }
+    Ok(unsafe { &mut *(handle as *mut [u8; HANDLE_SIZE]) })
+}
+
+/// A connector in progress: its stage (registered in STAGES with its cookie), when NCCL last
+/// called connect for it, and whom it connects to.
+struct Connecting {
+    stage: usize,
+    cookie: u64,
+    last: Instant,
+    peer: std::net::SocketAddr,
+}
+
+/// Every connect call holds this lock for its whole run, so reaping never frees a stage another
+/// call is using. NCCL may give up on a peer after a few connect calls and never call again; the
+/// stage's sockets would then stay open for the life of the process.
+static CONNECTING: Mutex<Vec<Connecting>> = Mutex::new(Vec::new());
+/// The stages reaped lately (pointer, cookie), so that a later call with such a handle is told why.
+static REAPED: Mutex<VecDeque<(usize, u64)>> = Mutex::new(VecDeque::new());
+
+fn connecting() -> MutexGuard<'static, Vec<Connecting>> {
+    CONNECTING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Free the connectors NCCL has not called for RIVET_TIMEOUT (all but `keep`, the one being
+/// called now), with a WARN each.
+fn reap_connectors(g: &mut Vec<Connecting>, keep: Option<(usize, u64)>) {
+    let t = config::get().timeout();
+    let mut i = 0;
+    while i < g.len() {
+        let c = &g[i];
+        if Some((c.stage, c.cookie)) == keep || c.last.elapsed() <= t {
+            i += 1;
+            continue;
+        }
+        let c = g.swap_remove(i);
+        if stage_unregister(c.stage, c.cookie) {
+            // SAFETY: the stage was registered by connect and just unregistered here, under the
+            // lock every connect call holds: nobody else can reach it.
+            drop(unsafe { Box::from_raw(c.stage as *mut Stage) });
+        }
+        log::warn!(
+            "NET/rivet: connect to {}: abandoned: NCCL has not called connect for it for {:.0} s (more than RIVET_TIMEOUT={}s); its sockets are closed and a later call with its handle fails",
+            c.peer,
+            c.last.elapsed().as_secs_f64(),
+            t.as_secs()
+        );
+        let mut r = REAPED.lock().unwrap_or_else(|p| p.into_inner());
+        if r.len() >= 1024 {
+            r.pop_front();
+        }
+        r.push_back((c.stage, c.cookie));
+    }
+}
+
+pub fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
+    reap_connectors(&mut connecting(), None);
+    let d = device(dev)?;
+    let buf = handle_buf(handle)?;
+    let (l, h) = Listener::new(&d.iface, transport_of(d), config::get().timeout())?;
+    h.encode(buf);
+    log::trace!("NET/rivet: listening on {} (dev {dev})", l.addr);
+    let lc = ListenComm { dev, listener: l, setups: Vec::new() };
+    Ok(LISTENS.insert(Kind::Listen, lc).ok_or_else(|| full("listen comm"))?.to_ptr())
+}
+
+/// Non-blocking connect: Ok(null) until the connection is up; NCCL calls again with the same handle.
+pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Result<*mut c_void> {
+    let d = device(dev)?;
+    let buf = handle_buf(handle)?;
+    // A foreign or corrupted handle is reported as such, whatever its stage bytes hold.
+    let h = Handle::decode(buf).map_err(|e| Error::usage(format!("connect: {e}")))?;
+    let (sp, cookie) = proto::stage_get(buf);
+    let mut g = connecting();
+    reap_connectors(&mut g, Some((sp as usize, cookie)));
+    let conn_ptr = if sp != 0 {
+        if !stage_live(sp as usize, cookie) {
+            let reaped = REAPED.lock().unwrap_or_else(|p| p.into_inner()).contains(&(sp as usize, cookie));
+            if reaped {
+                // The next call with this handle starts a new connect.
+                proto::stage_set(buf, 0, 0);
+                return Err(Error::remote(format!(
+                    "connect to {}: this connect was abandoned (no call for more than RIVET_TIMEOUT) and its state released; the peer never completed the connection",
+                    h.addr
+                )));
+            }
+            return Err(Error::internal(
+                "the handle carries a connect stage this process does not know (a handle reused across processes while its connect was in progress?)",
+            ));
+        }
+        if let Some(c) = g.iter_mut().find(|c| c.stage == sp as usize && c.cookie == cookie) {
+            c.last = Instant::now();
+        }
+        sp as *mut Stage
+    } else {
+        if h.transport != transport_of(d) {
+            return Err(Error::usage(format!(
+                "connect: the peer listens with the {} transport but device {dev} here uses {}: every rank must see the same kind of network (set NCCL_IB_DISABLE=1 everywhere to use TCP)",
+                transport_name(h.transport),
+                transport_name(transport_of(d))
+            )));
+        }
+        let cfg = config::get();
+        let nstreams = if d.ib.is_some() { 1 } else { cfg.socket_nstreams };
+        let c = Connector::new(&h, nstreams, cfg.socket_min_chunk, cfg.timeout())?;
+        let p = Box::into_raw(Box::new(Stage::Tcp(c)));
+        let cookie = socket::random_u64();
+        stage_register(p as usize, cookie);
+        proto::stage_set(buf, p as u64, cookie);
+        g.push(Connecting { stage: p as usize, cookie, last: Instant::now(), peer: h.addr });
+        p
+    };
+    let stage = unsafe { &mut *conn_ptr };
+    let r = (|| loop {
+        match stage {
+            Stage::Tcp(c) => match c.poll()? {
+                None => return Ok(None),
+                Some(link) => match &d.ib {
+                    None => return Ok(Some(socket_send(link))),
+                    Some(port) => *stage = Stage::Verbs(Box::new(Setup::connector(port, link, traffic_class)?)),
+                },
+            },
+            Stage::Verbs(s) => return s.poll(),
+        }
+    })();
+    let mut finish = |buf: &mut [u8; HANDLE_SIZE]| {
+        let (_, cookie) = proto::stage_get(buf);
+        stage_unregister(conn_ptr as usize, cookie);
+        g.retain(|c| !(c.stage == conn_ptr as usize && c.cookie == cookie));
+        proto::stage_set(buf, 0, 0);
+        drop(unsafe { Box::from_raw(conn_ptr) });
+    };
+    match r {
+        Ok(None) => Ok(std::ptr::null_mut()),
+        Ok(Some(conn)) => {
+            finish(buf);
+            Comm::open(dev, conn, true)
+        }
+        Err(e) => {
+            finish(buf);
+            Err(e)
+        }
+    }
+}
+
+/// Non-blocking accept: Ok(null) until a connection has fully arrived.
+pub fn accept(lc: *mut c_void) -> Result<*mut c_void> {
+    reap_connectors(&mut connecting(), None);
+    let t = Token::from_ptr(lc).filter(|t| t.kind == Kind::Listen).ok_or_else(|| Error::internal(format!("unknown listen comm {lc:p}")))?;
+    let mut g = LISTENS.get(t).map_err(|e| stale("listen comm", lc, e))?;
+    let dev = g.dev;
+    let d = device(dev)?;
+    while let Some(link) = g.listener.accept()? {
+        match &d.ib {
+            None => return Comm::open(dev, socket_recv(link), false),
+            Some(port) => g.setups.push(Setup::acceptor(port, link)),
+        }
+    }
+    for i in 0..g.setups.len() {
+        match g.setups[i].poll() {
+            Ok(None) => {}
+            Ok(Some(conn)) => {
+                g.setups.swap_remove(i);
+                return Comm::open(dev, conn, false);
+            }
+            Err(e) => {
+                g.setups.swap_remove(i);
+                return Err(e);
+            }
+        }
+    }
+    Ok(std::ptr::null_mut())
+}
+
+pub fn close_listen(lc: *mut c_void) -> Result<()> {
+    let bad = || Error::internal(format!("closeListen of an unknown or already closed listen comm {lc:p}"));
+    let t = Token::from_ptr(lc).filter(|t| t.kind == Kind::Listen).ok_or_else(bad)?;
+    drop(LISTENS.remove(t).map_err(|_| bad())?);
+    Ok(())
+}
+

@@ -1,0 +1,378 @@
+//! The version-independent core behind every exported `ncclNetPlugin_vN` table: the handle
+//! tables, contexts, comms and requests, and the data-path dispatch (isend, irecv, iflush, test).
+//! The devices ([`devices`]), connection setup ([`connect`]) and memory registration ([`mr`]) have
+//! their own files. The ABI shims in `abi/` convert argument types and call these functions
+//! inside the FFI boundary.
+
+mod connect;
+mod devices;
+mod mr;
+
+pub use connect::{accept, close_listen, connect, listen};
+pub use devices::{devices_table, init, ndevices, properties, Device, Devices, Props, VERSION};
+pub use mr::{dereg_mr, reg_mr, Mr};
+use connect::ListenComm;
+use devices::device;
+use mr::topology;
+use crate::transport::verbs::reg::{access_for, VerbsRegistrar};
+
+use crate::abi::types::*;
+use crate::config;
+use crate::gpu::cuda;
+use crate::error::{Error, Result};
+use crate::log::INIT;
+use crate::gpu::gdr;
+use crate::topo::Topology;
+use crate::proto::{self, Handle, HANDLE_SIZE};
+use crate::transport::socket::{self, ifaces, Connector, Link, Listener, RecvConn, SendConn};
+use crate::transport::verbs::dev::IbPort;
+use crate::transport::verbs::{self, Setup};
+use crate::gpu::staging::{NoRegistration, Registrar, Staged};
+use crate::transport::{Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
+use crate::handles::{Guard, Kind, Stale, Table, Token, MAX_REQUESTS};
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+use std::ffi::{c_char, c_void, CString};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+// ---------------------------------------------------------------------------------------------
+// Handles. Every object handed to NCCL lives in a table of its kind and is named by a token (see
+// `handles`): a stale or foreign handle is an error, found without reading through it.
+
+static CTXS: Table<Ctx> = Table::new();
+static LISTENS: Table<ListenComm> = Table::new();
+static COMMS: Table<Comm> = Table::new();
+static MRS: Table<Mr> = Table::new();
+
+fn token(p: *mut c_void, kinds: &[Kind], what: &str) -> Result<Token> {
+    match Token::from_ptr(p) {
+        Some(t) if kinds.contains(&t.kind) => Ok(t),
+        _ if p.is_null() => Err(Error::internal(format!("{what} is NULL"))),
+        _ => Err(Error::internal(format!("{what} {p:p} is not a rivet {what}"))),
+    }
+}
+
+fn stale(what: &str, p: *mut c_void, s: Stale) -> Error {
+    match s {
+        Stale::Poisoned => Error::internal(format!("{what} {p:p} unusable after an earlier internal error")),
+        Stale::Closed => Error::internal(format!("{what} {p:p} was already closed")),
+        Stale::Foreign => Error::internal(format!("{what} {p:p} is not a rivet {what}")),
+    }
+}
+
+fn full(what: &str) -> Error {
+    Error::internal(format!("too many open {what}s"))
+}
+
+// The connect stages NCCL keeps in its handle buffer between calls: a pointer and a cookie,
+// checked here before use.
+static STAGES: Mutex<Option<HashMap<usize, u64>>> = Mutex::new(None);
+
+fn stages() -> MutexGuard<'static, Option<HashMap<usize, u64>>> {
+    STAGES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn stage_register(p: usize, cookie: u64) {
+    stages().get_or_insert_with(HashMap::new).insert(p, cookie);
+}
+
+/// Remove stage `p` if it is live with `cookie`.
+fn stage_unregister(p: usize, cookie: u64) -> bool {
+    let mut g = stages();
+    let m = g.get_or_insert_with(HashMap::new);
+    if m.get(&p) == Some(&cookie) {
+        m.remove(&p);
+        true
+    } else {
+        false
+    }
+}
+
+fn stage_live(p: usize, cookie: u64) -> bool {
+    stages().as_ref().and_then(|m| m.get(&p)).copied() == Some(cookie)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Contexts (v11/v12: one per NCCL communicator).
+
+pub struct Ctx {
+    pub comm_id: u64,
+    pub traffic_class: i32,
+}
+
+static NCTX: AtomicU32 = AtomicU32::new(0);
+
+pub fn ctx_new(comm_id: u64, traffic_class: i32) -> Result<*mut c_void> {
+    let p = CTXS.insert(Kind::Ctx, Ctx { comm_id, traffic_class }).ok_or_else(|| full("context"))?.to_ptr();
+    let n = NCTX.fetch_add(1, Ordering::Relaxed) + 1;
+    log::trace!("NET/rivet: context {p:p} for communicator {comm_id:#x} ({n} open)");
+    Ok(p)
+}
+
+fn unknown_ctx(ctx: *mut c_void) -> Error {
+    Error::internal(format!("unknown plugin context {ctx:p} (not returned by init, or finalized)"))
+}
+
+/// Checks a context; returns its traffic class when the communicator set one.
+pub fn ctx_check(ctx: *mut c_void) -> Result<Option<u8>> {
+    let t = Token::from_ptr(ctx).filter(|t| t.kind == Kind::Ctx).ok_or_else(|| unknown_ctx(ctx))?;
+    let tc = CTXS.get(t).map_err(|_| unknown_ctx(ctx))?.traffic_class;
+    Ok(u8::try_from(tc).ok())
+}
+
+pub fn ctx_finalize(ctx: *mut c_void) -> Result<()> {
+    let bad = || Error::internal(format!("finalize of an unknown or already finalized context {ctx:p}"));
+    let t = Token::from_ptr(ctx).filter(|t| t.kind == Kind::Ctx).ok_or_else(bad)?;
+    let c = CTXS.remove(t).map_err(|_| bad())?;
+    let n = NCTX.fetch_sub(1, Ordering::Relaxed) - 1;
+    log::trace!("NET/rivet: finalized context for communicator {:#x} ({n} open)", c.comm_id);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comms and requests.
+
+/// A send or receive comm: its device and its data path. NCCL holds a token for it, and one per
+/// request slot (the same token with the slot in it).
+pub struct Comm {
+    send: bool,
+    dev: i32,
+    conn: Staged,
+}
+
+impl Comm {
+    fn open(dev: i32, conn: Box<dyn Conn>, send: bool) -> Result<*mut c_void> {
+        let d = device(dev).ok();
+        let registrar: Box<dyn Registrar> = match d.and_then(|d| d.ib.as_ref()) {
+            Some(port) => Box::new(VerbsRegistrar { port, access: access_for(send) }),
+            None => Box::new(NoRegistration),
+        };
+        let label = format!(
+            "{} comm on dev {dev} ({})",
+            if send { "send" } else { "recv" },
+            d.map(|d| d.name.to_string_lossy().into_owned()).unwrap_or_default()
+        );
+        let conn = Staged::new(conn, send, label, registrar);
+        if conn.capacity() > MAX_REQUESTS {
+            return Err(Error::internal(format!("a comm with {} request slots (at most {MAX_REQUESTS})", conn.capacity())));
+        }
+        let kind = if send { Kind::SendComm } else { Kind::RecvComm };
+        Ok(COMMS.insert(kind, Comm { send, dev, conn }).ok_or_else(|| full("comm"))?.to_ptr())
+    }
+}
+
+fn kind_name(send: bool) -> &'static str {
+    if send {
+        "send comm"
+    } else {
+        "recv comm"
+    }
+}
+
+/// The comm behind a send (`send`) or receive comm handle, locked for this call.
+fn comm(p: *mut c_void, send: bool) -> Result<(Token, Guard<'static, Comm>)> {
+    let what = kind_name(send);
+    let t = token(p, &[if send { Kind::SendComm } else { Kind::RecvComm }], what)?;
+    Ok((t, COMMS.get(t).map_err(|e| stale(what, p, e))?))
+}
+
+/// Either kind of comm (memory registration accepts both).
+fn any_comm(p: *mut c_void) -> Result<Guard<'static, Comm>> {
+    let t = Token::from_ptr(p)
+        .filter(|t| matches!(t.kind, Kind::SendComm | Kind::RecvComm))
+        .ok_or_else(|| Error::internal(format!("unknown comm {p:p} (not a live send or receive comm)")))?;
+    COMMS.get(t).map_err(|e| stale("comm", p, e))
+}
+
+/// The registration behind a memory handle NCCL passes on the data path, copied out.
+fn mr_info(mh: *mut c_void) -> Result<Option<MrInfo>> {
+    if mh.is_null() {
+        return Ok(None);
+    }
+    let t = token(mh, &[Kind::Mr], "memory handle")?;
+    Ok(Some(MRS.get(t).map_err(|e| stale("memory handle", mh, e))?.info))
+}
+
+/// The registration of buffer `i` of a grouped call (`mh` may be NULL: no handles at all).
+///
+/// # Safety
+/// A non-NULL `mh` holds at least `i + 1` handles.
+unsafe fn mr_at(mh: *mut *mut c_void, i: usize) -> Result<Option<MrInfo>> {
+    if mh.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller's promise.
+    mr_info(unsafe { *mh.add(i) })
+}
+
+fn request(t: Token, slot: Option<u32>) -> *mut c_void {
+    slot.map_or(std::ptr::null_mut(), |s| t.request(s).to_ptr())
+}
+
+pub fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, mh: *mut c_void) -> Result<*mut c_void> {
+    let (t, mut c) = comm(sc, true)?;
+    if data.is_null() && size > 0 {
+        return Err(Error::internal(format!("isend of {size} bytes from a NULL buffer")));
+    }
+    let slot = c.conn.isend(data as *const u8, size, tag, mr_info(mh)?)?;
+    if c.conn.has_pending_sends() {
+        pending_add(t);
+    }
+    Ok(request(t, slot))
+}
+
+// A staged send is handed to the transport only after its device-to-host copy, which calls on
+// its comm notice. NCCL tests every outstanding request, but a caller may post a send and then
+// wait on a receive from a peer that needs that send first (NCCL's IB transport has the send on
+// the wire by then). So comms with staged sends still waiting are listed here, and every `test`
+// and `irecv` moves them on too.
+static PENDING: Mutex<Vec<Token>> = Mutex::new(Vec::new());
+static NPENDING: AtomicU32 = AtomicU32::new(0);
+
+fn pending_add(c: Token) {
+    let mut g = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    if !g.contains(&c) {
+        g.push(c);
+        NPENDING.store(g.len() as u32, Ordering::Release);
+    }
+}
+
+fn pending_remove(c: Token) {
+    let mut g = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    g.retain(|&x| x != c);
+    NPENDING.store(g.len() as u32, Ordering::Release);
+}
+
+/// Move other comms' waiting staged sends on (comm locks only tried, never waited for). `except`
+/// is the comm of the call being made, whose lock that call holds.
+fn progress_pending(except: Token) {
+    if NPENDING.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut g = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    g.retain(|&t| {
+        if t.same_object(except) {
+            return true;
+        }
+        match COMMS.try_get(t) {
+            Some(mut c) => {
+                // An error stays with that comm's transport and surfaces at its own test.
+                let _ = c.conn.progress_pending();
+                c.conn.has_pending_sends()
+            }
+            // Held by another call (which moves it on itself), or closed (then it goes below).
+            None => COMMS.live(t),
+        }
+    });
+    NPENDING.store(g.len() as u32, Ordering::Release);
+}
+
+/// # Safety
+/// `data` and `tags` must point to `n` elements each, and a non-NULL `mh` too (NULL is checked
+/// here).
+pub unsafe fn irecv(
+    rc: *mut c_void,
+    n: i32,
+    data: *mut *mut c_void,
+    size_of: impl Fn(usize) -> Result<usize>,
+    tags: *mut i32,
+    mh: *mut *mut c_void,
+) -> Result<*mut c_void> {
+    if n < 1 || n as usize > MAX_RECVS {
+        comm(rc, false)?;
+        return Err(Error::internal(format!("irecv with n={n}: rivet accepts 1 to {MAX_RECVS} buffers (maxRecvs)")));
+    }
+    if data.is_null() || tags.is_null() {
+        comm(rc, false)?;
+        return Err(Error::internal("irecv with a NULL data or tags array"));
+    }
+    let (t, mut c) = comm(rc, false)?;
+    let mut bufs = [RecvBuf::EMPTY; MAX_RECVS];
+    for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
+        let size = size_of(i)?;
+        // SAFETY: i < n, the caller's promise for `data`, `tags` and `mh`.
+        let (ptr, tag, mr) = unsafe { (*data.add(i) as *mut u8, *tags.add(i), mr_at(mh, i)?) };
+        if ptr.is_null() && size > 0 {
+            return Err(Error::internal(format!("irecv buffer {i} of {size} bytes is NULL")));
+        }
+        *b = RecvBuf { ptr, size, tag, mr };
+    }
+    let slot = c.conn.irecv(&bufs[..n as usize])?;
+    drop(c);
+    progress_pending(t);
+    Ok(request(t, slot))
+}
+
+/// `iflush` after a receive completed: the transport decides whether there is anything to wait
+/// for (TCP never; verbs issues its 1-byte RDMA READ). NULL request: nothing to wait for.
+///
+/// # Safety
+/// Non-NULL `data` and `sizes` point to `n` elements each, and a non-NULL `mh` too.
+pub unsafe fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mut i32, mh: *mut *mut c_void) -> Result<*mut c_void> {
+    if n < 0 || n as usize > MAX_RECVS {
+        return Err(Error::internal(format!("iflush with n={n}")));
+    }
+    let (t, mut c) = comm(rc, false)?;
+    if n == 0 || data.is_null() || sizes.is_null() {
+        return Ok(std::ptr::null_mut());
+    }
+    let mut bufs = [RecvBuf::EMPTY; MAX_RECVS];
+    for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
+        // SAFETY: i < n, the caller's promise.
+        let (size, ptr, mr) = unsafe { ((*sizes.add(i)).max(0) as usize, *data.add(i) as *mut u8, mr_at(mh, i)?) };
+        *b = RecvBuf { ptr, size, tag: 0, mr };
+    }
+    let slot = c.conn.iflush(&bufs[..n as usize])?;
+    Ok(request(t, slot))
+}
+
+/// `test`: progress the request's comm; when done, sizes (one per buffer) go to `sizes` if non-NULL.
+///
+/// # Safety
+/// `done` points to an int, a non-NULL `sizes` to as many as the request has buffers (NCCL's
+/// contract: the `n` of its irecv).
+pub unsafe fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()> {
+    if req.is_null() || done.is_null() {
+        return Err(Error::internal("test with a NULL request or done pointer"));
+    }
+    // SAFETY: `done` is not NULL, and points to an int (the caller's promise).
+    unsafe { *done = 0 };
+    let Some(t) = Token::from_ptr(req).filter(|t| t.kind == Kind::Request) else {
+        return Err(Error::internal(format!("test on {req:p}, which is not a rivet request")));
+    };
+    let mut c = COMMS.get(t).map_err(|e| match e {
+        Stale::Closed => Error::internal(format!("test on request {req:p} of a comm that was already closed")),
+        e => stale("request", req, e),
+    })?;
+    let dev = c.dev;
+    let mut out = [0usize; MAX_RECVS];
+    let res = c.conn.test(t.req, &mut out);
+    drop(c);
+    progress_pending(t);
+    // SAFETY (each write below): the caller's promise for `done` and `sizes`.
+    match res {
+        Ok(None) => {}
+        Ok(Some(n)) => unsafe {
+            *done = 1;
+            if !sizes.is_null() {
+                for (i, s) in out.iter().enumerate().take(n) {
+                    *sizes.add(i) = (*s).min(i32::MAX as usize) as i32;
+                }
+            }
+        },
+        Err(e) => return Err(Error::new(e.kind, format!("{e} [dev {dev}]"))),
+    }
+    Ok(())
+}
+
+pub fn close_comm(p: *mut c_void, send: bool) -> Result<()> {
+    let what = if send { "closeSend" } else { "closeRecv" };
+    let bad = || Error::internal(format!("{what} of an unknown or already closed comm {p:p}"));
+    let t = Token::from_ptr(p).filter(|t| t.kind == if send { Kind::SendComm } else { Kind::RecvComm }).ok_or_else(bad)?;
+    let c = COMMS.remove(t).map_err(|_| bad())?;
+    pending_remove(t);
+    // Its transport's resources go now; every token of it (its requests) is stale from here on.
+    drop(c);
+    Ok(())
+}
+

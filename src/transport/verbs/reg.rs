@@ -1,0 +1,83 @@
+//! Memory registration on an RDMA device: through the device's MR cache (page-aligned,
+//! reference-counted ranges shared by every comm of the device), the data path's view of a
+//! registration, and the staging engine's registrar for its bounce buffers.
+
+use super::dev::{IbDevice, IbPort};
+use crate::error::{Error, Result};
+use crate::gpu::staging::Registrar;
+use crate::transport::{MrInfo, Path};
+
+/// IBV access flags of a comm's registrations: receive buffers take remote writes (and the
+/// flush's read); send buffers are only read locally.
+pub fn access_for(send: bool) -> u32 {
+    use crate::sys::ib::*;
+    if send {
+        0
+    } else {
+        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+    }
+}
+
+/// The data path's view of a verbs registration.
+///
+/// # Safety
+/// `m` is a live `ibv_mr` (returned by a registration and not yet deregistered).
+pub unsafe fn mr_info_of(m: *mut crate::sys::ib::ibv_mr, access: u32, dev: &IbDevice, path: Path) -> MrInfo {
+    // SAFETY: the caller's promise.
+    let m = unsafe { &*m };
+    MrInfo { addr: m.addr as usize, len: m.length, lkey: m.lkey, rkey: m.rkey, access, dev: dev as *const _ as usize, path, gpu: None }
+}
+
+/// Register `[addr, addr+size)` on an RDMA port through its device's MR cache; returns the
+/// registration and the cached `ibv_mr` to release it with.
+pub fn verbs_register(port: &'static IbPort, addr: usize, size: usize, access: u32) -> Result<(MrInfo, usize)> {
+    let dev = &port.dev;
+    let mut cache = dev.mrs.lock().unwrap_or_else(|p| p.into_inner());
+    let lease = cache.acquire(addr, size, access as i32, |a, l, acc| dev.register(a, l, acc).map(|m| m as usize))?;
+    drop(cache);
+    // SAFETY: the cache's entry holds the registration until it is released.
+    let info = unsafe { mr_info_of(lease.mr as *mut _, access, dev, Path::Host) };
+    log::trace!(
+        "NET/rivet: register {addr:#x} {size} bytes on {} -> MR [{:#x}, +{}) lkey {:#x} rkey {:#x} access {access:#x} refs {}{}",
+        dev.name,
+        info.addr,
+        info.len,
+        info.lkey,
+        info.rkey,
+        lease.refs,
+        if lease.fresh { " (registered)" } else { " (cached)" }
+    );
+    Ok((info, lease.mr))
+}
+
+pub fn verbs_release(port: &IbPort, mr: usize) -> Result<()> {
+    let dev = &port.dev;
+    let v = crate::sys::verbs::get().map_err(|e| Error::system(e.0))?;
+    let left = dev.mrs.lock().unwrap_or_else(|p| p.into_inner()).release(mr, |mr| {
+        let rc = unsafe { (v.dereg_mr)(mr as *mut _) };
+        if rc != 0 {
+            return Err(Error::system(format!("{}: ibv_dereg_mr failed: {}", dev.name, std::io::Error::from_raw_os_error(rc))));
+        }
+        Ok(())
+    })?;
+    log::trace!("NET/rivet: release on {}: MR {mr:#x} refs {left}{}", dev.name, if left == 0 { " (deregistered)" } else { "" });
+    Ok(())
+}
+
+/// Bounce buffers of a staged comm on an RDMA port.
+pub struct VerbsRegistrar {
+    pub port: &'static IbPort,
+    pub access: u32,
+}
+
+impl Registrar for VerbsRegistrar {
+    fn register(&self, addr: usize, len: usize) -> Result<(MrInfo, usize)> {
+        verbs_register(self.port, addr, len, self.access)
+    }
+    fn release(&self, handle: usize) {
+        if let Err(e) = verbs_release(self.port, handle) {
+            log::warn!("NET/rivet: staging bounce buffer: {e}");
+        }
+    }
+}
+
