@@ -1,5 +1,10 @@
 //! rivet: an NCCL network plugin. The cdylib exports `ncclNetPlugin_v6` … `ncclNetPlugin_v12`
 //! (see `abi/`); the rlib serves the tests and the `rivet` CLI.
+//!
+//! Every `unsafe` block and impl says why it is sound (`// SAFETY:`), and every `unsafe fn` what
+//! its caller must guarantee (`# Safety`).
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(clippy::missing_safety_doc)]
 
 pub mod abi;
 pub mod config;

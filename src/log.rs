@@ -61,6 +61,8 @@ impl Log for Bridge {
         let msg = format!("{}", r.args());
         let f = NCCL_LOGGER.load(Ordering::Acquire);
         if f != 0 {
+            // SAFETY: `f` is the non-NULL ncclDebugLogger_t NCCL passed to init (stored as usize
+            // by `install`), whose C type is exactly this variadic function pointer.
             let f: unsafe extern "C" fn(i32, u64, *const c_char, i32, *const c_char, ...) =
                 unsafe { std::mem::transmute(f) };
             let level = match r.level() {
@@ -71,6 +73,8 @@ impl Log for Bridge {
             let flags = if r.target() == INIT { NCCL_INIT | NCCL_NET } else { NCCL_NET };
             let cmsg = CString::new(msg.replace('\0', " ")).unwrap_or_default();
             let file = CString::new(r.file().unwrap_or("rivet")).unwrap_or_default();
+            // SAFETY: NCCL's logger with its format "%s" and one NUL-terminated string argument
+            // (the message, with NULs replaced), both alive for the call.
             unsafe {
                 f(level, flags, file.as_ptr(), r.line().unwrap_or(0) as i32, c"%s".as_ptr(), cmsg.as_ptr())
             };
@@ -95,6 +99,7 @@ impl Log for Bridge {
 
 pub fn hostname() -> String {
     let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into our local buffer.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut c_char, buf.len()) };
     if rc != 0 {
         return "localhost".into();

@@ -27,12 +27,14 @@ pub fn boundary(what: &str, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
 }
 
 /// Write `v` through an out-pointer supplied by the caller, checking it is not NULL.
-// C callers (NCCL) own the pointers; NULL is checked, the rest is the ncclNet contract.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub fn out<T>(p: *mut T, name: &str, v: T) -> Result<()> {
+///
+/// # Safety
+/// A non-NULL `p` points to writable, aligned memory for a `T` (NCCL's out-parameter).
+pub unsafe fn out<T>(p: *mut T, name: &str, v: T) -> Result<()> {
     if p.is_null() {
         return Err(Error::internal(format!("{name} is NULL")));
     }
+    // SAFETY: not NULL, and the caller's promise for the rest.
     unsafe { p.write(v) };
     Ok(())
 }

@@ -443,6 +443,8 @@ pub struct ncclNet_v12_t {
 /// them. This wrapper makes them `Sync` statics with the same layout.
 #[repr(transparent)]
 pub struct Exported<T>(pub T);
+// SAFETY: the tables are immutable statics (function pointers and a pointer to a static C
+// string); nothing ever writes through them, so sharing them between threads is sound.
 unsafe impl<T> Sync for Exported<T> {}
 
 #[cfg(test)]

@@ -18,8 +18,10 @@ unsafe extern "C" fn init(
     boundary("init", || {
         nonnull(ctx, "ctx")?;
         plugin::init(logger, 12)?;
+        // SAFETY: a non-NULL config is NCCL's ncclNetCommConfig_t for this communicator.
         let tc = if config.is_null() { -1 } else { unsafe { (*config).trafficClass } };
         let c = plugin::ctx_new(comm_id, tc)?;
+        // SAFETY: `ctx` is NCCL's out-parameter, checked not NULL above.
         unsafe { *ctx = c };
         Ok(())
     })
@@ -27,6 +29,7 @@ unsafe extern "C" fn init(
 
 unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v12_t) -> ncclResult_t {
     boundary("getProperties", || {
+        // SAFETY: NCCL passes its properties struct of this version to fill; NULL is checked.
         let p = unsafe { &mut *nonnull(p, "props")? };
         let c = props(dev)?;
         *p = ncclNetProperties_v12_t {

@@ -13,6 +13,7 @@ unsafe extern "C" fn init(logger: ncclDebugLogger_t) -> ncclResult_t {
 /// Also the v10 getProperties (identical layout).
 pub(super) unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v9_t) -> ncclResult_t {
     boundary("getProperties", || {
+        // SAFETY: NCCL passes its properties struct of this version to fill; NULL is checked.
         let p = unsafe { &mut *nonnull(p, "props")? };
         let c = props(dev)?;
         *p = ncclNetProperties_v9_t {

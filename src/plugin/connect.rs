@@ -43,10 +43,14 @@ pub(super) enum Stage {
     Verbs(Box<Setup>),
 }
 
-fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> {
+/// # Safety
+/// A non-NULL `handle` points to NCCL's handle buffer (NCCL_NET_HANDLE_MAXSIZE, 128 bytes), not
+/// used elsewhere during the call.
+unsafe fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> {
     if handle.is_null() {
         return Err(Error::internal("handle is NULL"));
     }
+    // SAFETY: the caller's promise; the buffer has no alignment requirement.
     Ok(unsafe { &mut *(handle as *mut [u8; HANDLE_SIZE]) })
 }
 
@@ -101,10 +105,13 @@ fn reap_connectors(g: &mut Vec<Connecting>, keep: Option<(usize, u64)>) {
     }
 }
 
-pub fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
+/// # Safety
+/// `handle` is NULL or points to NCCL's 128-byte handle buffer.
+pub unsafe fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
     reap_connectors(&mut connecting(), None);
     let d = device(dev)?;
-    let buf = handle_buf(handle)?;
+    // SAFETY: the caller's promise.
+    let buf = unsafe { handle_buf(handle)? };
     let (l, h) = Listener::new(&d.iface, transport_of(d), config::get().timeout())?;
     h.encode(buf);
     log::trace!("NET/rivet: listening on {} (dev {dev})", l.addr);
@@ -113,9 +120,13 @@ pub fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
 }
 
 /// Non-blocking connect: Ok(null) until the connection is up; NCCL calls again with the same handle.
-pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Result<*mut c_void> {
+/// # Safety
+/// `handle` is NULL or points to NCCL's 128-byte handle buffer, the one of the earlier calls of
+/// this connect (NCCL passes the same buffer until a comm comes back).
+pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Result<*mut c_void> {
     let d = device(dev)?;
-    let buf = handle_buf(handle)?;
+    // SAFETY: the caller's promise.
+    let buf = unsafe { handle_buf(handle)? };
     // A foreign or corrupted handle is reported as such, whatever its stage bytes hold.
     let h = Handle::decode(buf).map_err(|e| Error::usage(format!("connect: {e}")))?;
     let (sp, cookie) = proto::stage_get(buf);
@@ -158,6 +169,8 @@ pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Resu
         g.push(Connecting { stage: p as usize, cookie, last: Instant::now(), peer: h.addr });
         p
     };
+    // SAFETY: the stage is live (just created, or found registered with its cookie), and only
+    // connect calls, which all hold CONNECTING's lock (`g`), use or free it.
     let stage = unsafe { &mut *conn_ptr };
     let r = (|| loop {
         match stage {
@@ -176,6 +189,7 @@ pub fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Resu
         stage_unregister(conn_ptr as usize, cookie);
         g.retain(|c| !(c.stage == conn_ptr as usize && c.cookie == cookie));
         proto::stage_set(buf, 0, 0);
+        // SAFETY: unregistered just above, under CONNECTING's lock: no other call can reach it.
         drop(unsafe { Box::from_raw(conn_ptr) });
     };
     match r {

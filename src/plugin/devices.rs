@@ -113,9 +113,13 @@ pub fn devices_table() -> Result<&'static Devices> {
 static BANNER: Mutex<u32> = Mutex::new(0);
 
 fn library_path() -> String {
+    // SAFETY: Dl_info is plain C data; all-zero is valid (null pointers).
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let addr = library_path as *const c_void;
+    // SAFETY: `addr` is a function of this library; dladdr only fills `info`, a local.
     if unsafe { libc::dladdr(addr, &mut info) } != 0 && !info.dli_fname.is_null() {
+        // SAFETY: dladdr succeeded and dli_fname is not NULL: a NUL-terminated path owned by the
+        // dynamic loader, valid while the library stays loaded (it is running this code).
         let p = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
         return std::fs::canonicalize(&p).map(|p| p.display().to_string()).unwrap_or(p);
     }

@@ -349,9 +349,10 @@ pub unsafe fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<
     let res = c.conn.test(t.req, &mut out);
     drop(c);
     progress_pending(t);
-    // SAFETY (each write below): the caller's promise for `done` and `sizes`.
     match res {
         Ok(None) => {}
+        // SAFETY: the caller's promise for `done`, and for `sizes` (non-NULL: at least the
+        // request's `n` ints, n <= MAX_RECVS).
         Ok(Some(n)) => unsafe {
             *done = 1;
             if !sizes.is_null() {

@@ -187,6 +187,8 @@ pub(super) fn release_verbs(m: Mr) -> Result<()> {
         Some((mr, port, true)) => verbs_release(port, mr)?,
         Some((mr, port, false)) => {
             let v = crate::sys::verbs::get().map_err(|e| Error::system(e.0))?;
+            // SAFETY: the dma-buf registration this handle owned (not cached, so no other handle
+            // shares it), released once: the handle was just taken out of its table.
             let rc = unsafe { (v.dereg_mr)(mr as *mut _) };
             if rc != 0 {
                 return Err(Error::system(format!(

@@ -53,8 +53,10 @@ pub struct Verbs {
     pub set_ece: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_ece) -> c_int>,
 }
 
-// The function pointers and the library handle are process-wide and immutable once loaded.
+// SAFETY: the function pointers and the library handle are process-wide and immutable once
+// loaded; libibverbs' functions may be called from any thread.
 unsafe impl Send for Verbs {}
+// SAFETY: as above: nothing in it is ever written after loading.
 unsafe impl Sync for Verbs {}
 
 /// Why libibverbs could not be used.
@@ -64,6 +66,11 @@ pub struct LoadError(pub String);
 impl Verbs {
     /// dlopen `path` and resolve every required symbol.
     pub fn load(path: &str) -> Result<Verbs, LoadError> {
+        // SAFETY: dlopen runs the library's initialisers, and dlclose its finalisers. `path` is
+        // libibverbs.so.1 or the operator's RIVET_IBVERBS_LIB; libibverbs does its setup lazily (in
+        // ibv_get_device_list), so loading it makes no demands on the caller, and the Verbs that
+        // get() loads sits in a static for the whole process (the plugin links -z nodelete), so the
+        // library is never unloaded while verbs objects are in use.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| {
             LoadError(format!(
                 "cannot load {path} ({e}); install rdma-core's libibverbs1 package (Debian/Ubuntu) or rdma-core (RHEL), or point RIVET_IBVERBS_LIB at it"
@@ -71,6 +78,12 @@ impl Verbs {
         })?;
         macro_rules! req {
             ($name:literal) => {
+                // SAFETY: libloading::Library::get needs the requested type to match the symbol:
+                // the type is that of the Verbs field this initialises, which is declared with
+                // rdma-core's C prototype for that function (verbs.h). Copying the fn pointer out
+                // of the Symbol drops its borrow of `lib`; that is sound because the Library is
+                // moved into the same Verbs (`_lib`) and stays loaded as long as the pointers are
+                // reachable through it.
                 *unsafe { lib.get(concat!($name, "\0").as_bytes()) }.map_err(|_| {
                     LoadError(format!(
                         "{path} has no symbol {}: this libibverbs is too old or not rdma-core's; install rdma-core >= 28",
@@ -81,6 +94,9 @@ impl Verbs {
         }
         macro_rules! opt {
             ($name:literal) => {
+                // SAFETY: as in req!: the type is the Verbs field's, declared with rdma-core's C
+                // prototype for the symbol, and the Library is kept in the same Verbs, so the
+                // copied fn pointer cannot outlive the loaded library through it.
                 unsafe { lib.get(concat!($name, "\0").as_bytes()) }.ok().map(|s| *s)
             };
         }
@@ -196,6 +212,10 @@ pub fn get() -> Result<&'static Verbs, LoadError> {
             if let Some(f) = v.fork_init {
                 // A no-op on kernels with native fork support; elsewhere it keeps registered
                 // memory away from children (NCCL calls it too).
+                // SAFETY: `f` is ibv_fork_init (int (void)), resolved from libibverbs.
+                // ibv_fork_init(3) should precede other verbs calls: this runs inside get_or_init,
+                // before get() hands the Verbs to anyone. If something else in the process already
+                // used libibverbs, it only returns an error (ignored); it touches no caller memory.
                 unsafe { f() };
             }
             Ok(v)

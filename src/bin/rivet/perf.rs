@@ -60,7 +60,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         None
     };
     let (bp, sp, ty) = match &gpu {
-        Some((b, s)) => (b.ptr as *mut u8, s.ptr as *mut u8, nccl_net_rivet::abi::types::NCCL_PTR_CUDA),
+        Some((b, s)) => (b.ptr() as *mut u8, s.ptr() as *mut u8, nccl_net_rivet::abi::types::NCCL_PTR_CUDA),
         None => (buf.as_mut_ptr(), small.as_mut_ptr(), nccl_net_rivet::abi::types::NCCL_PTR_HOST),
     };
     let mh_s = net.reg_ptr(r.send, bp, max, ty)?;

@@ -13,8 +13,18 @@ pub trait Copier: Send {
     fn gpu(&self) -> Option<i32>;
     /// Memory the transport may read and write, and the copier may copy to and from.
     fn alloc(&mut self, len: usize) -> Result<HostMem>;
-    fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()>;
-    fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()>;
+    /// Copy `len` bytes of device memory at `src` to host memory at `dst`, by the next fence.
+    ///
+    /// # Safety
+    /// `[dst, dst+len)` is host memory from `alloc` and `[src, src+len)` device memory of this
+    /// copier's GPU (any memory, for the host copier), both left alone until the fence after this
+    /// copy is reached (or the copier drained).
+    unsafe fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()>;
+    /// Copy `len` bytes of host memory at `src` to device memory at `dst`, by the next fence.
+    ///
+    /// # Safety
+    /// As for `to_host`, the other way round.
+    unsafe fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()>;
     /// End the batch of copies issued since the last fence; `id` < FENCES names it.
     fn fence(&mut self, id: usize) -> Result<()>;
     /// Whether every copy before fence `id` has completed.
@@ -37,7 +47,7 @@ pub enum HostMem {
 impl HostMem {
     fn ptr(&mut self) -> *mut u8 {
         match self {
-            HostMem::Pinned(p) => p.ptr,
+            HostMem::Pinned(p) => p.ptr(),
             HostMem::Plain(v) => v.as_mut_ptr(),
         }
     }
@@ -86,13 +96,16 @@ impl Copier for CudaCopier {
     fn alloc(&mut self, len: usize) -> Result<HostMem> {
         self.ctx.with(|| cuda::PinnedBuf::new(len)).map(HostMem::Pinned)
     }
-    fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()> {
+    unsafe fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()> {
         let s = &mut self.stream;
-        self.ctx.with(|| s.to_host(dst, src, len))
+        // SAFETY: the caller's promise (this function's contract is the stream's), and `with`
+        // makes the stream's context current.
+        self.ctx.with(|| unsafe { s.to_host(dst, src, len) })
     }
-    fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()> {
+    unsafe fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()> {
         let s = &mut self.stream;
-        self.ctx.with(|| s.to_device(dst, src, len))
+        // SAFETY: as for to_host.
+        self.ctx.with(|| unsafe { s.to_device(dst, src, len) })
     }
     fn fence(&mut self, id: usize) -> Result<()> {
         let s = &mut self.stream;
@@ -117,7 +130,9 @@ impl Copier for CudaCopier {
 impl Drop for CudaCopier {
     fn drop(&mut self) {
         // The stream goes first, inside its context; then the context is released.
+        // SAFETY: taken once, in drop; neither field is used afterwards.
         let ctx = unsafe { ManuallyDrop::take(&mut self.ctx) };
+        // SAFETY: as above.
         let stream = unsafe { ManuallyDrop::take(&mut self.stream) };
         let _ = ctx.with(|| {
             drop(stream);
@@ -143,8 +158,13 @@ impl HostCopier {
     pub fn new() -> HostCopier {
         HostCopier { pending: Vec::new(), batches: (0..FENCES).map(|_| (Vec::new(), true)).collect() }
     }
-    fn run(batch: &mut Vec<HostCopy>) {
+    /// # Safety
+    /// Every copy of the batch was issued under `to_host`'s or `to_device`'s contract, whose
+    /// fence is being reached now: both ranges are still valid and left alone.
+    unsafe fn run(batch: &mut Vec<HostCopy>) {
         for (dst, src, len) in batch.drain(..) {
+            // SAFETY: the function's contract; the ranges are distinct buffers (a bounce buffer
+            // and the GPU-side one), so they do not overlap.
             unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
         }
     }
@@ -157,11 +177,11 @@ impl Copier for HostCopier {
     fn alloc(&mut self, len: usize) -> Result<HostMem> {
         Ok(HostMem::Plain(vec![0u8; len.max(1)]))
     }
-    fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()> {
+    unsafe fn to_host(&mut self, dst: *mut u8, src: usize, len: usize) -> Result<()> {
         self.pending.push((dst as usize, src, len));
         Ok(())
     }
-    fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()> {
+    unsafe fn to_device(&mut self, dst: usize, src: *const u8, len: usize) -> Result<()> {
         self.pending.push((dst, src as usize, len));
         Ok(())
     }
@@ -178,7 +198,9 @@ impl Copier for HostCopier {
         if b.1 {
             return Ok(true);
         }
-        Self::run(&mut b.0);
+        // SAFETY: the batch's copies were issued under to_host's and to_device's contract, and
+        // this is their fence being reached.
+        unsafe { Self::run(&mut b.0) };
         b.1 = true;
         Ok(false)
     }

@@ -133,6 +133,8 @@ pub struct Staged {
     stats_on: bool,
 }
 
+// SAFETY: the raw pointers inside (bounce buffers, NCCL's buffers) are only used under the
+// comm's lock, by one thread at a time.
 unsafe impl Send for Staged {}
 
 impl Staged {
@@ -323,7 +325,10 @@ impl Conn for Staged {
             for c in 0..chunks.n {
                 let hi = chunks.ends[c];
                 if hi > lo {
-                    copier.to_host(unsafe { bounce.ptr.add(lo) }, data as usize + lo, hi - lo)?;
+                    // SAFETY: `[lo, hi)` is inside both the bounce buffer (of at least `size`
+                    // bytes) and the send buffer NCCL registered; the send's slot keeps the bounce
+                    // buffer, and NCCL the send buffer, until the send completes, after its fences.
+                    unsafe { copier.to_host(bounce.ptr.add(lo), data as usize + lo, hi - lo)? };
                 }
                 copier.fence(m as usize * MAX_CHUNKS + c)?;
                 lo = hi;
@@ -446,7 +451,10 @@ impl Conn for Staged {
                     for (i, s) in staged.iter().enumerate() {
                         if let Some((dst, b)) = s {
                             if sizes[i] > 0 {
-                                copier.to_device(*dst, b.ptr, sizes[i])?;
+                                // SAFETY: `sizes[i]` bytes arrived in the bounce buffer, which is
+                                // kept until this receive's fence; `dst` is the receive's GPU buffer
+                                // of at least that size, NCCL's until the receive completes.
+                                unsafe { copier.to_device(*dst, b.ptr, sizes[i])? };
                             }
                         }
                     }
@@ -511,6 +519,7 @@ fn human(b: u64) -> String {
 impl Drop for Staged {
     fn drop(&mut self) {
         // The network stops first, then copies drain, then bounce buffers go.
+        // SAFETY: dropped once, here; `inner` is not used after this line.
         unsafe { ManuallyDrop::drop(&mut self.inner) };
         let drained = self.copier.as_deref_mut().map_or(true, |c| c.drain());
         for m in 0..MANAGED as u32 {
@@ -598,7 +607,8 @@ mod tests {
         let mut c = HostCopier::new();
         let src = [7u8; 16];
         let mut dst = [0u8; 16];
-        c.to_host(dst.as_mut_ptr(), src.as_ptr() as usize, 16).unwrap();
+        // SAFETY: both arrays outlive the copier's use of them (checked below).
+        unsafe { c.to_host(dst.as_mut_ptr(), src.as_ptr() as usize, 16).unwrap() };
         c.fence(3).unwrap();
         assert_eq!(dst, [0; 16], "nothing copied before the fence is polled");
         assert!(!c.reached(3).unwrap());

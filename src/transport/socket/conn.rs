@@ -49,6 +49,11 @@ struct Streams {
     timeout: std::time::Duration,
 }
 
+// SAFETY: what keeps Streams from being Send on its own is the raw pointers in its queued Tasks,
+// into NCCL's posted buffers or the owning comm's header slots (boxed, so they do not move with
+// it). Those stay valid while their request is in flight, wherever the comm is moved, and the comm
+// is used by one thread at a time (NCCL's calls, under the plugin's comm lock); the helpers it
+// shares Parts with are Send and joined in Drop.
 unsafe impl Send for Streams {}
 
 /// On the polling path the clock is read once every this many blocked attempts.
@@ -114,6 +119,9 @@ impl Streams {
             p.events = events;
             p.revents = 0;
         }
+        // SAFETY: `self.pfds` is a live Vec of pollfd whose pointer and length are passed together;
+        // poll(2) writes only the entries' `revents`. Each fd is -1 (skipped) or one of `raw`,
+        // whose descriptors `_fds` owns and keeps open for as long as `self` lives; timeout 0.
         let n = unsafe { libc::poll(self.pfds.as_mut_ptr(), self.pfds.len() as libc::nfds_t, 0) };
         if n <= 0 {
             return 0;
@@ -179,6 +187,9 @@ pub struct SendConn {
     iov: Vec<libc::iovec>,
 }
 
+// SAFETY: besides `s` (Send, above) and plain data, SendConn holds `iov`, a scratch Vec of iovecs
+// whose raw pointers are rebuilt from the queues before every use and never read otherwise, so
+// moving it to another thread moves no live access with it.
 unsafe impl Send for SendConn {}
 
 impl SendConn {
@@ -237,6 +248,10 @@ impl SendConn {
                 // on this stream may overtake.
                 let end = if t.base == HDR { t.len } else { t.len.min(self.slots[t.slot as usize].ready.saturating_sub(t.base)) };
                 if end > t.off {
+                    // SAFETY: `t.ptr` points to `t.len` bytes (a slot's header array, or one part
+                    // of the caller's send buffer that isend_partial cut within its size) and
+                    // `t.off < end <= t.len` here, so the result stays inside that buffer; sendmsg
+                    // reads the `end - t.off` bytes from it.
                     self.iov.push(libc::iovec { iov_base: unsafe { t.ptr.add(t.off) } as *mut libc::c_void, iov_len: end - t.off });
                 }
                 if end < t.len {
@@ -246,7 +261,9 @@ impl SendConn {
             if self.iov.is_empty() {
                 return Ok(moved);
             }
-            let n = match sock::send_iov(self.s.raw[j], &self.iov) {
+            // SAFETY: the iovecs were built above from this stream's header slot and the posted
+            // send buffers (kept by NCCL until their requests complete), within their sizes.
+            let n = match unsafe { sock::send_iov(self.s.raw[j], &self.iov) } {
                 Ok(Io::Done(n)) => n,
                 Ok(_) => return Ok(moved),
                 Err(e) => return Err(self.s.io_error(j, "sending", e)),
@@ -296,6 +313,11 @@ impl Conn for SendConn {
             for j in 0..k {
                 let lo = j * chunk;
                 let hi = ((j + 1) * chunk).min(size);
+                // SAFETY: `data` points to `size` readable bytes that stay valid until the request
+                // completes (NCCL's isend contract, passed on by plugin::isend, which checked it
+                // non-NULL), and `lo = j * chunk < size` for every j < k that `split` returns, so
+                // `data + lo` is inside the buffer. The `*mut` cast is only for Task's type: a send
+                // never writes through it.
                 let ptr = unsafe { data.add(lo) } as *mut u8;
                 self.s.push(j, Task { slot, ptr, len: hi - lo, off: 0, base: lo });
                 pending += 1;
@@ -362,6 +384,10 @@ pub struct RecvConn {
     expect_seq: u32,
 }
 
+// SAFETY: the raw pointers RecvConn holds are its slots' posted receive buffers and the Tasks in
+// its streams' queues that point into them; NCCL keeps those buffers valid until the request
+// completes, wherever the comm is moved, and the comm is used by one thread at a time (under the
+// plugin's comm lock).
 unsafe impl Send for RecvConn {}
 
 impl RecvConn {
@@ -417,7 +443,11 @@ impl RecvConn {
             }
             let fd = self.s.raw[0];
             let got = self.hdr_got;
-            match sock::recv_into(fd, unsafe { self.hdr.as_mut_ptr().add(got) }, MSG_HDR_SIZE - got) {
+            // SAFETY: `got = self.hdr_got < MSG_HDR_SIZE` (it is reset to 0 once a header is
+            // whole), so `hdr + got` is inside `self.hdr`, and recv_into may write the
+            // `MSG_HDR_SIZE - got` bytes left in that array, which nothing else touches during the
+            // call.
+            match unsafe { sock::recv_into(fd, self.hdr.as_mut_ptr().add(got), MSG_HDR_SIZE - got) } {
                 Ok(Io::Done(n)) => {
                     self.hdr_got += n;
                     if self.hdr_got == MSG_HDR_SIZE {
@@ -441,8 +471,13 @@ impl RecvConn {
     /// Read into stream `j`'s queued tasks until it is empty (true) or the socket has no data (false).
     fn drain(&mut self, j: usize) -> Result<bool> {
         while let Some(t) = self.s.queues[j].front_mut() {
+            // SAFETY: a queued task's `ptr` points to `t.len` bytes of a posted receive buffer
+            // (on_header cut it within the size that receive holds) and `t.off < t.len` while it is
+            // queued, so `ptr + off` is inside that buffer and recv_into may write the `t.len -
+            // t.off` bytes left.
             let (ptr, want) = (unsafe { t.ptr.add(t.off) }, t.len - t.off);
-            match sock::recv_into(self.s.raw[j], ptr, want) {
+            // SAFETY: as above: `want` writable bytes at `ptr`, inside the posted receive buffer.
+            match unsafe { sock::recv_into(self.s.raw[j], ptr, want) } {
                 Ok(Io::Done(n)) => {
                     t.off += n;
                     if t.off == t.len {
@@ -505,6 +540,10 @@ impl RecvConn {
             for j in 0..k {
                 let lo = j * chunk;
                 let hi = ((j + 1) * chunk).min(size);
+                // SAFETY: `base` points to the matched posted receive buffer of `cap` writable
+                // bytes (NCCL's irecv contract; plugin::irecv checked it non-NULL for a non-zero
+                // size), and `lo < size <= cap` (checked above, and `split` keeps `lo` below
+                // `size`), so `base + lo` is inside it.
                 self.s.push(j, Task { slot, ptr: unsafe { base.add(lo) }, len: hi - lo, off: 0, base: HDR });
             }
             self.slots[slot as usize].pending += k as u32;

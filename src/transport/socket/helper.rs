@@ -30,6 +30,11 @@ pub struct Part {
     pub base: usize,
 }
 
+// SAFETY: `ptr` points into a posted send or receive buffer that stays valid until its request
+// completes, and the comm joins its helpers (Helper::drop, before its sockets and slots go) before
+// it goes away. A Part's bytes are touched only by the one helper it is queued on, until that
+// helper counts it in `done` (Release), which the comm's thread reads (Acquire) before it reports
+// the request complete.
 unsafe impl Send for Part {}
 
 /// What a comm and its helpers share.
@@ -143,11 +148,18 @@ fn run(fd: RawFd, stream: usize, send: bool, peer: SocketAddr, q: &Queue, s: &Sh
                 let _ = q.cv.wait_timeout(g, Duration::from_millis(1));
                 continue;
             }
+            // SAFETY: `p.ptr` points to `p.len` bytes (the Part's contract above) and `off < end <=
+            // p.len` here, so `ptr + off` stays inside the part, and the send or receive below
+            // moves at most the `end - off` bytes left in it.
             let ptr = unsafe { p.ptr.add(off) };
-            let r = if send {
-                sock::send_iov(fd, &[libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: end - off }])
-            } else {
-                sock::recv_into(fd, ptr, end - off)
+            // SAFETY: as above: `end - off` bytes at `ptr`, inside the part (a send buffer to read
+            // or a receive buffer to write, kept by NCCL until the request completes).
+            let r = unsafe {
+                if send {
+                    sock::send_iov(fd, &[libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: end - off }])
+                } else {
+                    sock::recv_into(fd, ptr, end - off)
+                }
             };
             match r {
                 Ok(Io::Done(n)) => {
@@ -162,6 +174,9 @@ fn run(fd: RawFd, stream: usize, send: bool, peer: SocketAddr, q: &Queue, s: &Sh
                         }
                     }
                     let mut pfd = libc::pollfd { fd, events: if send { libc::POLLOUT } else { libc::POLLIN }, revents: 0 };
+                    // SAFETY: `pfd` is one live local pollfd and nfds is 1; timeout 100 ms. `fd`
+                    // stays open while this thread runs: the comm's Streams drops (joins) its
+                    // helpers before it closes its fds.
                     unsafe { libc::poll(&mut pfd, 1, 100) };
                 }
                 Ok(Io::Closed) => {

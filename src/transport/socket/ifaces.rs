@@ -50,26 +50,40 @@ impl IfFilter {
 fn addresses(family: Option<i32>) -> Vec<(String, IpAddr)> {
     let mut out = Vec::new();
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs(3) takes a pointer to one `ifaddrs *`, here the live local `head`; on
+    // success it stores a list it allocated, to be freed with freeifaddrs, and on failure (-1)
+    // nothing that needs freeing.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
         return out;
     }
     let mut p = head;
     while !p.is_null() {
+        // SAFETY: `p` is non-NULL and is `head` or an `ifa_next` of the list getifaddrs built,
+        // which stays allocated and unchanged until freeifaddrs below, after the last use of `ifa`.
         let ifa = unsafe { &*p };
         p = ifa.ifa_next;
         if ifa.ifa_addr.is_null() || ifa.ifa_flags & libc::IFF_UP as u32 == 0 {
             continue;
         }
+        // SAFETY: `ifa_addr` was checked non-NULL just above and points to a socket address in the
+        // list's memory; `sa_family` is the first field of every sockaddr type, so it can be read
+        // whatever the family.
         let fam = unsafe { (*ifa.ifa_addr).sa_family } as i32;
         if family.is_some_and(|f| f != fam) {
             continue;
         }
         let addr = match fam {
             libc::AF_INET => {
+                // SAFETY: the family is AF_INET, so getifaddrs stored a whole sockaddr_in at
+                // `ifa_addr`, in storage the C library allocated for it (suitably aligned), valid
+                // until freeifaddrs.
                 let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
                 IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
             }
             libc::AF_INET6 => {
+                // SAFETY: the family is AF_INET6, so getifaddrs stored a whole sockaddr_in6 at
+                // `ifa_addr`, in storage the C library allocated for it (suitably aligned), valid
+                // until freeifaddrs.
                 let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
                 let a = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
                 // Link-local addresses need a scope id to be dialled; loopback v6 duplicates v4 lo.
@@ -80,9 +94,14 @@ fn addresses(family: Option<i32>) -> Vec<(String, IpAddr)> {
             }
             _ => continue,
         };
+        // SAFETY: getifaddrs sets each entry's `ifa_name` to a NUL-terminated interface name in the
+        // list's memory, valid until freeifaddrs; it is copied into a String at once.
         let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
         out.push((name, addr));
     }
+    // SAFETY: `head` is the list getifaddrs returned (the call succeeded, else this returned
+    // early), freed exactly once, and nothing borrowed from it (`ifa`, `sin`, `sin6`, the name)
+    // outlives the loop above.
     unsafe { libc::freeifaddrs(head) };
     out
 }

@@ -162,11 +162,14 @@ impl Listener {
         let mut i = 0;
         while i < self.pending.len() {
             let p = &mut self.pending[i];
-            let r = sock::recv_into(
+            // SAFETY: `p.got < HELLO_SIZE` while the connection is pending (it is removed as soon
+            // as its hello is whole), so `buf + got` is inside `p.buf`, and recv_into may write the
+            // `HELLO_SIZE - p.got` bytes left in that array, which nothing else touches meanwhile.
+            let r = unsafe { sock::recv_into(
                 std::os::fd::AsRawFd::as_raw_fd(&p.fd),
-                unsafe { p.buf.as_mut_ptr().add(p.got) },
+                p.buf.as_mut_ptr().add(p.got),
                 HELLO_SIZE - p.got,
-            );
+            ) };
             match r {
                 Ok(Io::Done(n)) => {
                     p.got += n;
@@ -347,7 +350,11 @@ impl Connector {
         if self.streams.iter().all(|(_, st)| matches!(st, Stage::Done)) {
             let fd0 = std::os::fd::AsRawFd::as_raw_fd(&self.streams[0].0);
             let got = self.ack_got;
-            match sock::recv_into(fd0, unsafe { self.ack.as_mut_ptr().add(got) }, ACK_SIZE - got) {
+            // SAFETY: `got = self.ack_got <= ACK_SIZE`, so `ack + got` is within `self.ack` (at
+            // most one past its end, and then the length is 0), and recv_into may write the
+            // `ACK_SIZE - got` bytes left in that array, which nothing else touches during the
+            // call.
+            match unsafe { sock::recv_into(fd0, self.ack.as_mut_ptr().add(got), ACK_SIZE - got) } {
                 Ok(Io::Done(n)) => self.ack_got += n,
                 Ok(Io::WouldBlock) => {}
                 Ok(Io::Closed) => {

@@ -8,9 +8,15 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is a plain C struct of integers and byte arrays, for which all-zero
+    // bytes are a valid value (family AF_UNSPEC).
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
         SocketAddr::V4(a) => {
+            // SAFETY: `ss` is a live local sockaddr_storage, borrowed exclusively here; it is
+            // larger than and at least as aligned as sockaddr_in (it is made to hold any socket
+            // address), every bit pattern is a valid sockaddr_in, and `ss` is not otherwise used
+            // while `sin` lives.
             let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
             sin.sin_family = libc::AF_INET as libc::sa_family_t;
             sin.sin_port = a.port().to_be();
@@ -18,6 +24,10 @@ fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
             std::mem::size_of::<libc::sockaddr_in>()
         }
         SocketAddr::V6(a) => {
+            // SAFETY: `ss` is a live local sockaddr_storage, borrowed exclusively here; it is
+            // larger than and at least as aligned as sockaddr_in6 (it is made to hold any socket
+            // address), every bit pattern is a valid sockaddr_in6, and `ss` is not otherwise used
+            // while `sin6` lives.
             let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
             sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
             sin6.sin6_port = a.port().to_be();
@@ -32,6 +42,10 @@ fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match ss.ss_family as i32 {
         libc::AF_INET => {
+            // SAFETY: ss_family is AF_INET, so the storage holds a sockaddr_in; sockaddr_storage is
+            // larger than and at least as aligned as sockaddr_in, and any bytes are a valid
+            // sockaddr_in (plain integers), so a shared reference borrowed from `ss` is valid for
+            // as long as `ss`.
             let sin = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
             Some(SocketAddr::new(
                 IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()),
@@ -39,6 +53,10 @@ fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
             ))
         }
         libc::AF_INET6 => {
+            // SAFETY: ss_family is AF_INET6, so the storage holds a sockaddr_in6; sockaddr_storage
+            // is larger than and at least as aligned as sockaddr_in6, and any bytes are a valid
+            // sockaddr_in6 (plain integers and bytes), so a shared reference borrowed from `ss` is
+            // valid.
             let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
             Some(SocketAddr::new(IpAddr::from(sin6.sin6_addr.s6_addr), u16::from_be(sin6.sin6_port)))
         }
@@ -48,14 +66,21 @@ fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
 
 fn new_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
     let fam = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: socket(2) takes no pointers; an unsupported family or type is an error return (-1),
+    // checked below.
     let fd = unsafe { libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: `fd` was just returned by socket(2) (checked >= 0) and nothing else owns it, so the
+    // OwnedFd becomes its sole owner and closes it once.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn setopt<T>(fd: RawFd, level: i32, name: i32, v: T) -> io::Result<()> {
+    // SAFETY: optval points to `v`, a live local `T`, and optlen is exactly size_of::<T>(), so
+    // setsockopt(2) reads only `v`'s bytes (it never writes through optval); a bad fd, option or
+    // size is an error return. Every caller passes an i32, the type these options take.
     let rc = unsafe {
         libc::setsockopt(fd, level, name, &v as *const T as *const libc::c_void, std::mem::size_of::<T>() as u32)
     };
@@ -72,14 +97,22 @@ pub fn listen(ip: IpAddr) -> Result<(OwnedFd, SocketAddr)> {
     let fd = new_socket(&want).map_err(|e| Error::os("socket()", e))?;
     let _ = setopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1i32);
     let (ss, len) = sockaddr(&want);
+    // SAFETY: `ss` and `len` come from `sockaddr`, which fills a sockaddr_in or sockaddr_in6 and
+    // returns its exact size, so bind(2) reads `len` initialised bytes of a live local; `fd` is the
+    // open socket this function owns.
     if unsafe { libc::bind(fd.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) } != 0 {
         return Err(Error::os(format!("bind({want})"), io::Error::last_os_error()));
     }
+    // SAFETY: listen(2) takes no pointers; `fd` is the open socket this function owns.
     if unsafe { libc::listen(fd.as_raw_fd(), 1024) } != 0 {
         return Err(Error::os(format!("listen({want})"), io::Error::last_os_error()));
     }
+    // SAFETY: sockaddr_storage is plain C data; all-zero bytes are a valid value.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `ss` is a live local sockaddr_storage and `len` holds its size, so getsockname(2)
+    // writes at most that many bytes (it truncates, never overruns) and updates `len`; `fd` is the
+    // open socket this function owns.
     if unsafe { libc::getsockname(fd.as_raw_fd(), &mut ss as *mut _ as *mut libc::sockaddr, &mut len) } != 0 {
         return Err(Error::os("getsockname()", io::Error::last_os_error()));
     }
@@ -89,8 +122,12 @@ pub fn listen(ip: IpAddr) -> Result<(OwnedFd, SocketAddr)> {
 
 /// Accept one pending connection, if any.
 pub fn accept(lfd: &OwnedFd) -> Result<Option<(OwnedFd, SocketAddr)>> {
+    // SAFETY: sockaddr_storage is plain C data; all-zero bytes are a valid value.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `lfd` is a borrowed OwnedFd, so the listening socket is open for the call; `ss` is a
+    // live local sockaddr_storage and `len` holds its size, so accept4(2) writes at most `len`
+    // bytes of the peer's address into it and updates `len`.
     let fd = unsafe {
         libc::accept4(
             lfd.as_raw_fd(),
@@ -106,6 +143,8 @@ pub fn accept(lfd: &OwnedFd) -> Result<Option<(OwnedFd, SocketAddr)>> {
             _ => Err(Error::os("accept()", e)),
         };
     }
+    // SAFETY: accept4(2) returned a new descriptor (checked >= 0) that nothing else owns, so the
+    // OwnedFd becomes its sole owner.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let peer = from_sockaddr(&ss).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
     Ok(Some((fd, peer)))
@@ -115,6 +154,8 @@ pub fn accept(lfd: &OwnedFd) -> Result<Option<(OwnedFd, SocketAddr)>> {
 pub fn connect_start(addr: &SocketAddr) -> Result<OwnedFd> {
     let fd = new_socket(addr).map_err(|e| Error::os("socket()", e))?;
     let (ss, len) = sockaddr(addr);
+    // SAFETY: `ss` and `len` come from `sockaddr` (a filled sockaddr_in or sockaddr_in6 and its
+    // exact size); connect(2) reads them only during the call; `fd` is the open socket owned here.
     let rc = unsafe { libc::connect(fd.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) };
     if rc != 0 {
         let e = io::Error::last_os_error();
@@ -139,12 +180,18 @@ fn connect_error(addr: &SocketAddr, e: io::Error) -> Error {
 /// Ok(true) once the connect finished, Ok(false) while it is in progress.
 pub fn connect_done(fd: &OwnedFd, addr: &SocketAddr) -> Result<bool> {
     let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+    // SAFETY: `p` is one live local pollfd and nfds is 1, so poll(2) reads `fd`/`events` and writes
+    // `revents` of that one entry; timeout 0 returns at once. `fd` is a borrowed OwnedFd, open for
+    // the call.
     let n = unsafe { libc::poll(&mut p, 1, 0) };
     if n <= 0 {
         return Ok(false);
     }
     let mut err: i32 = 0;
     let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+    // SAFETY: optval points to `err`, a live local i32, and `len` holds size_of::<i32>(), the size
+    // SO_ERROR takes, so getsockopt(2) writes at most those 4 bytes; `fd` is a borrowed OwnedFd,
+    // open for the call. (If the call fails, `err` stays 0.)
     unsafe {
         libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut i32 as *mut _, &mut len)
     };
@@ -182,9 +229,14 @@ pub struct Unanswered {
 }
 
 pub fn unanswered(fd: RawFd) -> Option<Unanswered> {
+    // SAFETY: tcp_info is a plain C struct of integer fields; all-zero bytes are a valid value.
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: ti is a tcp_info of `len` bytes; the kernel writes at most that.
+    // SAFETY: `ti` is a live local tcp_info and `len` holds its size, so getsockopt(2) writes at
+    // most `len` bytes into it (and the length written back into `len`). `fd` is a raw number from
+    // the caller, meant to be one of its open streams; a wrong or closed fd only makes the call
+    // fail (rc != 0) or report another socket's counters, and nothing but `ti` and `len` is written
+    // either way.
     let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut ti as *mut _ as *mut libc::c_void, &mut len) };
     (rc == 0).then_some(Unanswered { retransmits: ti.tcpi_retransmits, probes: ti.tcpi_probes, last_ack_ms: ti.tcpi_last_ack_recv })
 }
@@ -298,13 +350,22 @@ fn classify(rc: isize) -> io::Result<Io> {
 }
 
 /// Gathered non-blocking send. An empty `iov` is a no-op.
-pub fn send_iov(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Io> {
+///
+/// # Safety
+/// Each iovec names `iov_len` readable bytes at `iov_base`, kept alive for the call.
+pub unsafe fn send_iov(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Io> {
     if iov.is_empty() {
         return Ok(Io::Done(0));
     }
+    // SAFETY: msghdr is a plain C struct of integers and pointers; all-zero (no name, no control
+    // data, flags 0) is a valid value, and the iov fields are set below.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = iov.len();
+    // SAFETY: `msg` is a live local msghdr with no name and no control data, and its iov is the
+    // caller's `iov` slice with its length (sendmsg(2) only reads the iovecs, despite the `*mut`
+    // cast). The kernel reads `iov_len` bytes at each `iov_base`: the caller's promise.
+    // MSG_NOSIGNAL|MSG_DONTWAIT: no SIGPIPE, no blocking.
     let rc = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
     match classify(rc)? {
         // A zero-byte send of a non-empty iovec cannot happen on a stream socket; treat as blocked.
@@ -314,7 +375,12 @@ pub fn send_iov(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Io> {
 }
 
 /// Non-blocking receive into `buf[..len]`.
-pub fn recv_into(fd: RawFd, buf: *mut u8, len: usize) -> io::Result<Io> {
+///
+/// # Safety
+/// `buf` is valid for `len` writable bytes that nothing else reads or writes during the call.
+pub unsafe fn recv_into(fd: RawFd, buf: *mut u8, len: usize) -> io::Result<Io> {
+    // SAFETY: recv(2) writes at most `len` bytes at `buf`: the caller's promise. MSG_DONTWAIT:
+    // never blocks.
     let rc = unsafe { libc::recv(fd, buf as *mut libc::c_void, len, libc::MSG_DONTWAIT) };
     classify(rc)
 }
@@ -322,5 +388,6 @@ pub fn recv_into(fd: RawFd, buf: *mut u8, len: usize) -> io::Result<Io> {
 /// Best-effort non-blocking send of a small control message (a NACK before closing).
 pub fn send_small(fd: &OwnedFd, b: &[u8]) -> io::Result<Io> {
     let iov = libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() };
-    send_iov(fd.as_raw_fd(), &[iov])
+    // SAFETY: the iovec names the caller's slice, alive for the call.
+    unsafe { send_iov(fd.as_raw_fd(), &[iov]) }
 }

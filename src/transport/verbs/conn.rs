@@ -94,6 +94,7 @@ impl Common {
             eof_since: None,
             last_check: Instant::now(),
             idle_calls: 0,
+            // SAFETY: ibv_wc is plain C data; all-zero is a valid (empty) completion.
             wc: unsafe { std::mem::zeroed() },
         }
     }
@@ -324,6 +325,9 @@ pub(super) fn post_chain(qp: &QpRts, wrs: &mut [ibv_send_wr], sges: &mut [ibv_sg
         wrs[i].next = if i + 1 < k { &mut wrs[i + 1] } else { std::ptr::null_mut() };
     }
     let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+    // SAFETY: the QP is connected (QpRts) and lives as long as `qp`; the first `k` work requests
+    // were just chained (each `next` and `sg_list` points into `wrs`/`sges`, which outlive the
+    // call: ibv_post_send copies them), and their scatter entries name registered memory.
     match unsafe { verbs::post_send(qp.qp().raw(), wrs.as_mut_ptr(), &mut bad) } {
         0 => Ok(()),
         rc => Err(rc),
@@ -331,6 +335,7 @@ pub(super) fn post_chain(qp: &QpRts, wrs: &mut [ibv_send_wr], sges: &mut [ibv_sg
 }
 
 pub(super) fn rdma_wr(op: u32, wr_id: u64, remote: u64, rkey: u32, nsge: i32) -> ibv_send_wr {
+    // SAFETY: ibv_send_wr is plain C data; all-zero is valid (null pointers, no flags).
     let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
     w.wr_id = wr_id;
     w.opcode = op;

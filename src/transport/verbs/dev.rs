@@ -35,9 +35,15 @@ pub struct IbDevice {
     bad_qps: Mutex<Vec<(u32, &'static str)>>,
     /// Ports whose last event was PORT_ERR (bit per port number).
     ports_down: AtomicU32,
+    /// The async event fd is non-blocking, so events can be polled (never waited for).
+    watch_events: std::sync::atomic::AtomicBool,
 }
 
+// SAFETY: the context and protection domain live for the process (never closed) and libibverbs
+// allows their use from any thread; the mutable state (events seen, bad QPs, ports down) is in
+// atomics and mutexes.
 unsafe impl Send for IbDevice {}
+// SAFETY: as above.
 unsafe impl Sync for IbDevice {}
 
 impl IbDevice {
@@ -46,15 +52,31 @@ impl IbDevice {
     /// after NCCL closes or dlcloses the plugin (v6-v10 have no finalize to stop a thread).
     pub fn poll_events(&self) {
         let Ok(v) = verbs::get() else { return };
+        if !self.watch_events.load(Ordering::Relaxed) {
+            return; // a blocking fd would stall the data path
+        }
         let Ok(mut bad) = self.bad_qps.try_lock() else { return };
         for _ in 0..64 {
+            // SAFETY: ibv_async_event is repr(C): a union of raw pointers and a c_int, and a c_uint
+            // event type (an alias, not a Rust enum), so the all-zero bit pattern is a valid value.
             let mut ev: ibv_async_event = unsafe { std::mem::zeroed() };
+            // SAFETY: `get_async_event` is ibv_get_async_event, resolved from libibverbs at load
+            // with the C signature declared in Verbs; self.ctx came from ibv_open_device in
+            // open_device and is never closed (IbDevice has no Drop; devices live for the process),
+            // and `ev` is a local out-parameter of the right type. open_device set O_NONBLOCK on
+            // the context's async_fd (watch_events says it did), so with nothing pending the call
+            // fails with EAGAIN rather than blocking.
             if unsafe { (v.get_async_event)(self.ctx, &mut ev) } != 0 {
                 return; // EAGAIN: none pending
             }
             let name = verbs::event_name(ev.event_type);
             match ev.event_type {
                 IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR => {
+                    // SAFETY: for QP_FATAL, QP_REQ_ERR and QP_ACCESS_ERR, ibv_get_async_event(3)
+                    // sets `element.qp` (the union member read here) to a QP of this context;
+                    // ibv_destroy_qp(3) waits until every event reported on a QP has been acked
+                    // before freeing it, and this event is acked only below, so the ibv_qp is live
+                    // for this read.
                     let qpn = unsafe { (*ev.element.qp).qp_num };
                     log::warn!("NET/rivet: {}: asynchronous event {name} on QPN {qpn}", self.name);
                     if bad.len() < 4096 {
@@ -69,17 +91,27 @@ impl IbDevice {
                     self.fatal_events.fetch_add(1, Ordering::Release);
                 }
                 IBV_EVENT_PORT_ERR => {
+                    // SAFETY: for PORT_ERR, ibv_get_async_event(3) fills `element.port_num`, the
+                    // member read here; it is a plain c_int and `ev` was zeroed first, so the bytes
+                    // are initialised.
                     let port = unsafe { ev.element.port_num };
                     self.ports_down.fetch_or(1 << (port & 31), Ordering::Relaxed);
                     log::warn!("NET/rivet: {}:{port}: the port went down (PORT_ERR): its connections will fail", self.name)
                 }
                 IBV_EVENT_PORT_ACTIVE => {
+                    // SAFETY: for PORT_ACTIVE, ibv_get_async_event(3) fills `element.port_num`, the
+                    // member read here; it is a plain c_int and `ev` was zeroed first, so the bytes
+                    // are initialised.
                     let port = unsafe { ev.element.port_num };
                     self.ports_down.fetch_and(!(1 << (port & 31)), Ordering::Relaxed);
                     log::info!("NET/rivet: {}:{port}: the port is active again (PORT_ACTIVE)", self.name)
                 }
                 _ => log::info!("NET/rivet: {}: asynchronous event {name}", self.name),
             }
+            // SAFETY: `ev` was returned by the successful ibv_get_async_event above and is acked
+            // exactly once, as ibv_ack_async_event(3) requires (the ack is what lets a destroy
+            // waiting on the event's QP or CQ proceed); the resolved function has the C signature
+            // declared in Verbs.
             unsafe { (v.ack_async_event)(&mut ev) };
         }
     }
@@ -87,7 +119,14 @@ impl IbDevice {
     /// The port's state now ("ACTIVE", "DOWN", ...), asked of the device.
     pub fn port_state(&self, port: u8) -> Option<&'static str> {
         let v = verbs::get().ok()?;
+        // SAFETY: ibv_port_attr is repr(C) with only integer fields (its enums are c_uint aliases),
+        // so all-zero is a valid value; it is also what the inline ibv_query_port does before the
+        // compat call.
         let mut pa: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: Verbs::query_port requires an open context: self.ctx came from ibv_open_device in
+        // open_device and is never closed (IbDevice has no Drop; devices live for the process).
+        // `pa` is a local ibv_port_attr of the current layout; a port number the device lacks only
+        // makes the call fail.
         (unsafe { v.query_port(self.ctx, port, &mut pa) } == 0).then(|| port_state_name(pa.state))
     }
 
@@ -115,9 +154,18 @@ impl IbDevice {
     pub fn register(&self, addr: usize, len: usize, access: i32) -> Result<*mut ibv_mr> {
         let v = verbs::get().map_err(|e| Error::system(e.0))?;
         let mr = match (self.relaxed_ordering, v.reg_mr_iova2) {
+            // SAFETY: `f` is ibv_reg_mr_iova2 (IBVERBS_1.8), resolved from libibverbs with the C
+            // signature declared in Verbs; self.pd was allocated by ibv_alloc_pd on this device's
+            // context and is never deallocated. ibv_reg_mr(3) does not access the range from the
+            // CPU: the kernel pins [addr, addr+len) and fails (NULL, errno EFAULT) if it is not
+            // mapped, which is handled below. Keeping the memory mapped while the MR is in use is
+            // the caller's job (NCCL deregisters a buffer before freeing it).
             (true, Some(f)) => unsafe {
                 f(self.pd, addr as *mut _, len, addr as u64, (access | IBV_ACCESS_RELAXED_ORDERING as i32) as u32)
             },
+            // SAFETY: `reg_mr` is ibv_reg_mr, a required symbol resolved with the C signature
+            // declared in Verbs; self.pd is this device's PD, live for the process. As above, the
+            // kernel only pins the range and reports failure as NULL, checked below.
             _ => unsafe { (v.reg_mr)(self.pd, addr as *mut _, len, access) },
         };
         if mr.is_null() {
@@ -138,8 +186,14 @@ fn probe_dmabuf(v: &Verbs, pd: *mut ibv_pd, name: &str) -> std::result::Result<(
     let Some(f) = v.reg_dmabuf_mr else {
         return Err("libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or newer has it)".into());
     };
+    // SAFETY: `f` is ibv_reg_dmabuf_mr (IBVERBS_1.12), resolved with the C signature declared in
+    // Verbs; the callers pass a PD they allocated on an open context and have not deallocated
+    // (open_device's, or survey's before its dealloc_pd). fd -1 is never a dma-buf, so the kernel
+    // rejects it (EBADF) or the driver answers EOPNOTSUPP; no caller memory is read or written.
     let mr = unsafe { f(pd, 0, page_size(), 0, -1, IBV_ACCESS_LOCAL_WRITE as c_int) };
     if !mr.is_null() {
+        // SAFETY: `mr` is the non-null MR ibv_reg_dmabuf_mr just returned; nothing else holds it,
+        // and it is deregistered exactly once, here.
         unsafe { (v.dereg_mr)(mr) };
         return Ok(());
     }
@@ -161,6 +215,10 @@ impl IbDevice {
             return Err(Error::system("libibverbs has no ibv_reg_dmabuf_mr"));
         };
         let acc = if self.relaxed_ordering { access | IBV_ACCESS_RELAXED_ORDERING as i32 } else { access };
+        // SAFETY: `f` is ibv_reg_dmabuf_mr, resolved with the C signature declared in Verbs;
+        // self.pd is this device's PD, live for the process. No pointer of ours is dereferenced:
+        // the kernel validates `fd` and [offset, offset+len) against the dma-buf and fails (NULL,
+        // checked below) otherwise. NCCL keeps the GPU memory allocated until it deregisters.
         let mr = unsafe { f(self.pd, offset, len, iova, fd, acc) };
         if mr.is_null() {
             return Err(Error::system(format!(
@@ -241,6 +299,8 @@ pub fn has_cap_ipc_lock() -> bool {
 /// Why pinned registrations may fail: RLIMIT_MEMLOCK below 1 GiB without CAP_IPC_LOCK.
 pub fn memlock_problem() -> Option<String> {
     let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit(2) writes one struct rlimit through its pointer, and `r` is a local
+    // libc::rlimit.
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
         return None;
     }
@@ -270,9 +330,16 @@ fn gid_table(v: &Verbs, ctx: *mut ibv_context, dev: &str, port: u8, len: i32) ->
     let mut out = Vec::new();
     for i in 0..len.clamp(0, 1024) {
         let mut gid = ibv_gid { raw: [0; 16] };
+        // SAFETY: `query_gid` is ibv_query_gid, resolved with the C signature declared in Verbs;
+        // the callers (survey, open_device) pass a context they opened and have not closed yet, and
+        // `gid` is a local union ibv_gid out-parameter. An index past the table only makes the call
+        // fail, which is skipped.
         if unsafe { (v.query_gid)(ctx, port, i, &mut gid) } != 0 {
             continue;
         }
+        // SAFETY: both members of union ibv_gid are plain integer data covering the same 16 bytes,
+        // and `gid` was initialised through `raw` (then possibly overwritten by ibv_query_gid), so
+        // reading `raw` reads initialised bytes.
         let raw = unsafe { gid.raw };
         if raw == [0; 16] {
             continue;
@@ -352,9 +419,13 @@ fn port_netdev(dev: &str, port: u8, gids: &[GidEntry]) -> Option<(String, u32)> 
 /// Call `f` with every RDMA device libibverbs lists and its name; `Err` says why there is none.
 fn for_each_device(v: &Verbs, mut f: impl FnMut(*mut ibv_device, &str)) -> std::result::Result<(), String> {
     let mut n: c_int = 0;
+    // SAFETY: `get_device_list` is ibv_get_device_list, resolved with the C signature declared in
+    // Verbs; `n` is a local c_int out-parameter for the count.
     let list = unsafe { (v.get_device_list)(&mut n) };
     if list.is_null() || n <= 0 {
         if !list.is_null() {
+            // SAFETY: `list` is the non-null array ibv_get_device_list just returned; it is freed
+            // once, here, and not used after this error return.
             unsafe { (v.free_device_list)(list) };
         }
         return Err(format!(
@@ -363,10 +434,18 @@ fn for_each_device(v: &Verbs, mut f: impl FnMut(*mut ibv_device, &str)) -> std::
         ));
     }
     for i in 0..n as usize {
+        // SAFETY: ibv_get_device_list(3) returns an array of `n` device pointers (NULL-terminated)
+        // and `i < n`; the list is not freed until after this loop.
         let d = unsafe { *list.add(i) };
+        // SAFETY: `d` is an entry of the live list; ibv_get_device_name(3) returns the device's
+        // NUL-terminated name (an array inside the ibv_device, never NULL), valid while the list
+        // is, and it is copied into a String right away.
         let name = unsafe { CStr::from_ptr((v.get_device_name)(d)) }.to_string_lossy().into_owned();
         f(d, &name);
     }
+    // SAFETY: `list` came from ibv_get_device_list above and is freed exactly once. The callbacks
+    // used each `d` only to open contexts, which ibv_free_device_list(3) lets outlive the list, and
+    // no ibv_device pointer is kept.
     unsafe { (v.free_device_list)(list) };
     Ok(())
 }
@@ -379,6 +458,9 @@ pub fn survey(cfg: &Config) -> std::result::Result<Vec<DevSurvey>, String> {
     let mut out = Vec::new();
     for_each_device(v, |d, name| {
         let name = name.to_string();
+        // SAFETY: `open_device` is ibv_open_device, resolved with the C signature declared in
+        // Verbs; `d` is an entry of the device list, which for_each_device keeps alive during this
+        // callback. A NULL result is handled below.
         let ctx = unsafe { (v.open_device)(d) };
         let base = DevSurvey {
             name: name.clone(),
@@ -395,17 +477,33 @@ pub fn survey(cfg: &Config) -> std::result::Result<Vec<DevSurvey>, String> {
             out.push(base);
             return;
         }
+        // SAFETY: ibv_device_attr is repr(C) with only integer and char-array fields (atomic_cap is
+        // a c_uint alias), so all-zero is a valid value.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
         let mut dev = base;
+        // SAFETY: `ctx` is the non-null context just returned by ibv_open_device, closed only at
+        // the end of this callback; `attr` is a local ibv_device_attr, the out-parameter
+        // ibv_query_device(3) fills.
         if unsafe { (v.query_device)(ctx, &mut attr) } == 0 {
             dev.node_guid = u64::from_be(attr.node_guid);
+            // SAFETY: `ctx` is the open context above, closed only after this PD is deallocated; a
+            // NULL result is checked.
             let pd = unsafe { (v.alloc_pd)(ctx) };
             if !pd.is_null() {
                 dev.dmabuf = probe_dmabuf(v, pd, &name);
+                // SAFETY: `pd` is the non-null PD just allocated on `ctx`; probe_dmabuf
+                // deregistered the only MR it may have made on it, so it has no resources, and it
+                // is deallocated once, before its context is closed.
                 unsafe { (v.dealloc_pd)(pd) };
             }
             for port in 1..=attr.phys_port_cnt {
+                // SAFETY: ibv_port_attr is repr(C) with only integer fields (its enums are c_uint
+                // aliases), so all-zero is a valid value; it is also what the inline ibv_query_port
+                // does before the compat call.
                 let mut pa: ibv_port_attr = unsafe { std::mem::zeroed() };
+                // SAFETY: Verbs::query_port requires an open context: `ctx` stays open until the
+                // close_device below. `pa` is a local ibv_port_attr and `port` is in
+                // 1..=phys_port_cnt.
                 if unsafe { v.query_port(ctx, port, &mut pa) } != 0 {
                     continue;
                 }
@@ -414,6 +512,9 @@ pub fn survey(cfg: &Config) -> std::result::Result<Vec<DevSurvey>, String> {
                 if let Some(q) = v.query_pkey {
                     for i in 0..(pa.pkey_tbl_len as c_int).min(16) {
                         let mut k = 0u16;
+                        // SAFETY: `q` is ibv_query_pkey, resolved with the C signature declared in
+                        // Verbs (its __be16 out-parameter is a u16); `ctx` is open until the close
+                        // below, `k` is a local u16, and `i` is below the port's pkey_tbl_len.
                         if unsafe { q(ctx, port, i, &mut k) } == 0 && k != 0 {
                             pkeys.push(u16::from_be(k));
                         }
@@ -436,6 +537,9 @@ pub fn survey(cfg: &Config) -> std::result::Result<Vec<DevSurvey>, String> {
                 });
             }
         }
+        // SAFETY: `ctx` is the non-null context opened at the top of this callback and closed
+        // exactly once, here; its only PD was deallocated above, nothing else was created on it,
+        // and the pointer is not used afterwards, as ibv_close_device(3) requires.
         unsafe { (v.close_device)(ctx) };
         out.push(dev);
     })?;
@@ -479,12 +583,21 @@ fn open_device(
     filter: Option<&HcaFilter>,
     notes: &mut Vec<String>,
 ) -> std::result::Result<Vec<IbPort>, String> {
+    // SAFETY: `open_device` is ibv_open_device, resolved with the C signature declared in Verbs;
+    // `d` is an entry of the device list, which for_each_device keeps alive while this runs. A NULL
+    // result is handled below.
     let ctx = unsafe { (v.open_device)(d) };
     if ctx.is_null() {
         return Err(format!("{name}: ibv_open_device failed: {}", std::io::Error::last_os_error()));
     }
+    // SAFETY: ibv_device_attr is repr(C) with only integer and char-array fields (atomic_cap is a
+    // c_uint alias), so all-zero is a valid value.
     let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: `ctx` is the non-null context just opened; `attr` is a local ibv_device_attr, the
+    // out-parameter ibv_query_device(3) fills.
     if unsafe { (v.query_device)(ctx, &mut attr) } != 0 {
+        // SAFETY: `ctx` was opened above, nothing was created on it, and it is not used after this
+        // error return, so it is closed exactly once.
         unsafe { (v.close_device)(ctx) };
         return Err(format!("{name}: ibv_query_device failed"));
     }
@@ -494,7 +607,13 @@ fn open_device(
             notes.push(format!("{name}:{port} skipped by NCCL_IB_HCA={}", cfg.ib_hca.as_deref().unwrap_or("")));
             continue;
         }
+        // SAFETY: ibv_port_attr is repr(C) with only integer fields (its enums are c_uint aliases),
+        // so all-zero is a valid value; it is also what the inline ibv_query_port does before the
+        // compat call.
         let mut pa: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: Verbs::query_port requires an open context: `ctx` was opened above and is closed
+        // only on the error returns below (or kept, open, in the IbDevice). `pa` is a local
+        // ibv_port_attr and `port` is in 1..=phys_port_cnt.
         if unsafe { v.query_port(ctx, port, &mut pa) } != 0 {
             notes.push(format!("{name}:{port}: ibv_query_port failed"));
             continue;
@@ -531,11 +650,17 @@ fn open_device(
         kept.push((port, pa, gi, e.map(|e| e.gid).unwrap_or([0; 16]), e.and_then(|e| e.roce_version)));
     }
     if kept.is_empty() {
+        // SAFETY: no port was kept, so nothing was created on `ctx` (it was only queried) and it is
+        // not used after this return: it is closed exactly once.
         unsafe { (v.close_device)(ctx) };
         return Ok(Vec::new());
     }
+    // SAFETY: `alloc_pd` is ibv_alloc_pd, resolved with the C signature declared in Verbs; `ctx` is
+    // the open context from above. ibv_alloc_pd(3) returns NULL on failure, checked below.
     let pd = unsafe { (v.alloc_pd)(ctx) };
     if pd.is_null() {
+        // SAFETY: the PD allocation failed, so `ctx` has no resources on it, and it is not used
+        // after this error return: it is closed exactly once.
         unsafe { (v.close_device)(ctx) };
         return Err(format!("{name}: ibv_alloc_pd failed: {}", std::io::Error::last_os_error()));
     }
@@ -563,13 +688,20 @@ fn open_device(
         fatal_reason: Mutex::new(None),
         bad_qps: Mutex::new(Vec::new()),
         ports_down: AtomicU32::new(0),
+        watch_events: std::sync::atomic::AtomicBool::new(false),
     });
     // Asynchronous events are polled, never waited for.
+    // SAFETY: `ctx` is the non-null ibv_context from ibv_open_device, now held by `dev` and never
+    // closed, so reading its async_fd field is valid. fcntl(2) F_GETFL/F_SETFL take no pointers,
+    // and making async_fd non-blocking is how ibv_get_async_event(3) documents polling for events;
+    // libibverbs does not rely on the fd blocking.
     unsafe {
         let fd = (*ctx).async_fd;
         let fl = libc::fcntl(fd, libc::F_GETFL);
         if fl < 0 || libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) != 0 {
             log::warn!("NET/rivet: {name}: cannot make the async event fd non-blocking; device events are not watched");
+        } else {
+            dev.watch_events.store(true, Ordering::Relaxed);
         }
     }
     Ok(kept
@@ -589,6 +721,7 @@ fn open_device(
 }
 
 pub fn page_size() -> usize {
+    // SAFETY: sysconf(3) takes an integer name, touches no caller memory and has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 {
         p as usize

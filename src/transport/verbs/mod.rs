@@ -72,6 +72,9 @@ pub struct Setup {
     timeout: Duration,
 }
 
+// SAFETY: the verbs objects inside (QPs, CQ, registered buffers) are owned by this setup and
+// used by one call at a time (NCCL's connect or accept, under the listen comm's or the
+// connector's lock); libibverbs objects may be used from any thread.
 unsafe impl Send for Setup {}
 
 fn caps(send_wr: u32, recv_wr: u32, inline: u32) -> QpCaps {
@@ -193,7 +196,8 @@ impl Setup {
 
     fn read_meta(&mut self) -> Result<Option<Meta>> {
         while self.got < META_SIZE {
-            let r = sock::recv_into(self.fd(), unsafe { self.inb.as_mut_ptr().add(self.got) }, META_SIZE - self.got);
+            // SAFETY: `got < META_SIZE`: the pointer stays inside `inb`, and so do the bytes after it.
+            let r = unsafe { sock::recv_into(self.fd(), self.inb.as_mut_ptr().add(self.got), META_SIZE - self.got) };
             match r {
                 Ok(Io::Done(n)) => self.got += n,
                 Ok(Io::WouldBlock) => return Ok(None),
@@ -336,7 +340,8 @@ impl Setup {
                 },
                 Step::WaitReady => {
                     let mut b = [0u8; 1];
-                    match sock::recv_into(self.fd(), b.as_mut_ptr(), 1) {
+                    // SAFETY: one writable byte: the local `b`.
+                    match unsafe { sock::recv_into(self.fd(), b.as_mut_ptr(), 1) } {
                         Ok(Io::Done(_)) if b[0] == READY => return Ok(Some(self.finish())),
                         Ok(Io::Done(_)) => return Err(Error::remote(format!("RDMA setup with {}: bad ready byte", self.peer))),
                         Ok(Io::WouldBlock) => return self.fail_if_late().map(|_| None),

@@ -88,6 +88,7 @@ impl VerbsRecv {
             unsignaled: [0; MAX_QPS],
             // SAFETY: all-zero work requests and scatter entries are valid (null pointers, 0 sizes).
             wrs: unsafe { std::mem::zeroed() },
+            // SAFETY: as above.
             sges: unsafe { std::mem::zeroed() },
             flush_disabled,
             c,
@@ -130,7 +131,9 @@ impl VerbsRecv {
                     // the engine); `dst` is the posted receive buffer of at least `len` bytes.
                     let src = unsafe { p.add(EAGER_HDR) };
                     if gpu {
-                        if let Err(e) = crate::gpu::cuda::copy_to_device_sync(dst as usize, src, len) {
+                        // SAFETY: as above: `len` payload bytes at `src`, and `dst` the receive's
+                        // GPU buffer of at least `len` bytes.
+                        if let Err(e) = unsafe { crate::gpu::cuda::copy_to_device_sync(dst as usize, src, len) } {
                             return Err(self.c.die(Error::system(format!("{}: eager message into GPU memory: {e}", self.c.where_(0)))));
                         }
                     } else {

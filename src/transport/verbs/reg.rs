@@ -54,6 +54,8 @@ pub fn verbs_release(port: &IbPort, mr: usize) -> Result<()> {
     let dev = &port.dev;
     let v = crate::sys::verbs::get().map_err(|e| Error::system(e.0))?;
     let left = dev.mrs.lock().unwrap_or_else(|p| p.into_inner()).release(mr, |mr| {
+        // SAFETY: the cache calls this once, for an entry whose last reference just went: a live
+        // ibv_mr that nothing uses any more.
         let rc = unsafe { (v.dereg_mr)(mr as *mut _) };
         if rc != 0 {
             return Err(Error::system(format!("{}: ibv_dereg_mr failed: {}", dev.name, std::io::Error::from_raw_os_error(rc))));

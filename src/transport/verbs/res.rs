@@ -26,6 +26,11 @@ pub struct Cq {
 impl Cq {
     pub fn new(dev: &IbDevice, size: usize) -> Result<Cq> {
         let size = size.min(dev.max_cqe.max(1) as usize);
+        // SAFETY: `create_cq` is ibv_create_cq, resolved from libibverbs at load with the C
+        // signature declared in Verbs; dev.ctx is the device's context from ibv_open_device, never
+        // closed (IbDevice has no Drop). ibv_create_cq(3) accepts a NULL cq_context and a NULL
+        // completion channel, comp_vector 0 exists on every device, and cqe is clamped to max_cqe;
+        // a NULL result is handled below.
         let raw = unsafe { (v().create_cq)(dev.ctx, size as c_int, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
         if raw.is_null() {
             return Err(Error::system(format!("{}: ibv_create_cq({size}) failed: {}", dev.name, errno())));
@@ -40,6 +45,10 @@ impl Cq {
     /// Poll up to `wc.len()` completions.
     #[inline]
     pub fn poll(&self, wc: &mut [ibv_wc]) -> Result<usize> {
+        // SAFETY: self.raw is the CQ ibv_create_cq returned in Cq::new (the field is private, so
+        // that is the only source) and it is destroyed only in Drop, so it is live while &self is.
+        // `wc` is an exclusive slice of wc.len() entries and the count passed never exceeds that
+        // (the `as c_int` cast can only shrink it), which is what verbs::poll_cq requires.
         let n = unsafe { verbs::poll_cq(self.raw, wc.len() as c_int, wc.as_mut_ptr()) };
         if n < 0 {
             return Err(Error::system(format!("ibv_poll_cq failed ({n})")));
@@ -50,6 +59,10 @@ impl Cq {
 
 impl Drop for Cq {
     fn drop(&mut self) {
+        // SAFETY: self.raw came from ibv_create_cq in Cq::new and is destroyed exactly once, here.
+        // The owners declare their QPs before their CQ, so those are destroyed first; if one were
+        // still attached, ibv_destroy_cq(3) fails (EBUSY) and leaves the CQ alive, which only leaks
+        // it.
         let rc = unsafe { (v().destroy_cq)(self.raw) };
         if rc != 0 {
             log::warn!("NET/rivet: ibv_destroy_cq failed: {}", std::io::Error::from_raw_os_error(rc));
@@ -68,12 +81,18 @@ impl Qp {
         self.raw
     }
     pub fn qpn(&self) -> u32 {
+        // SAFETY: self.raw is the non-null QP from ibv_create_qp (Qp is built only in QpInit::new;
+        // the field is private) and is destroyed only in Drop, so it is live while &self is; qp_num
+        // is set at creation and never changes.
         unsafe { (*self.raw).qp_num }
     }
 }
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        // SAFETY: self.raw came from ibv_create_qp and is destroyed exactly once, here, and not
+        // used afterwards. ibv_destroy_qp(3) waits for any unacked async event on it;
+        // IbDevice::poll_events acks every event it takes.
         let rc = unsafe { (v().destroy_qp)(self.raw) };
         if rc != 0 {
             log::warn!("NET/rivet: ibv_destroy_qp failed: {}", std::io::Error::from_raw_os_error(rc));
@@ -117,9 +136,61 @@ pub struct QpInit(Qp);
 /// Ready to receive.
 pub struct QpRtr(Qp);
 /// Ready to send: the only state the data path sees.
+///
+/// A queue pair walks RESET → INIT → RTR → RTS as types, each step consuming the one before, and
+/// only a `QpRts` takes work requests:
+///
+/// ```no_run
+/// use nccl_net_rivet::transport::verbs::{dev::IbPort, recv::post_recvs, res::{PathParams, QpInit, RemoteQp}};
+/// fn connect(q: QpInit, port: &IbPort, peer: &RemoteQp, p: &PathParams) -> Option<()> {
+///     let rts = q.rtr(port, peer, p).ok()?.rts(port, p).ok()?;
+///     post_recvs(&rts, 1).ok()
+/// }
+/// ```
+///
+/// Posting on a queue pair that is not connected does not compile:
+///
+/// ```compile_fail
+/// use nccl_net_rivet::transport::verbs::{recv::post_recvs, res::QpInit};
+/// fn post(q: &QpInit) {
+///     let _ = post_recvs(q, 1);
+/// }
+/// ```
+///
+/// Nor does skipping RTR:
+///
+/// ```compile_fail
+/// use nccl_net_rivet::transport::verbs::{dev::IbPort, res::{PathParams, QpInit}};
+/// fn skip(q: QpInit, port: &IbPort, p: &PathParams) {
+///     let _ = q.rts(port, p);
+/// }
+/// ```
+///
+/// Nor using a state after the step that consumed it:
+///
+/// ```compile_fail
+/// use nccl_net_rivet::transport::verbs::{dev::IbPort, res::{PathParams, QpInit, RemoteQp}};
+/// fn reuse(q: QpInit, port: &IbPort, peer: &RemoteQp, p: &PathParams) {
+///     let _rtr = q.rtr(port, peer, p);
+///     let _ = q.qp();
+/// }
+/// ```
+///
+/// Nor making a connected queue pair out of a bare one:
+///
+/// ```compile_fail
+/// use nccl_net_rivet::transport::verbs::res::{Qp, QpRts};
+/// fn forge(q: Qp) -> QpRts {
+///     QpRts(q)
+/// }
+/// ```
 pub struct QpRts(Qp);
 
 fn modify(qp: &Qp, attr: &mut ibv_qp_attr, mask: u32, what: &str, port: &IbPort) -> Result<()> {
+    // SAFETY: `modify_qp` is ibv_modify_qp, resolved with the C signature declared in Verbs; qp.raw
+    // is live (Qp destroys it only in Drop, and it is borrowed here), and `attr` is an exclusive
+    // reference to an initialised ibv_qp_attr. ibv_modify_qp(3) reads the fields selected by
+    // `mask`, all of which the callers set.
     let rc = unsafe { (v().modify_qp)(qp.raw, attr, mask as c_int) };
     if rc != 0 {
         return Err(Error::system(format!(
@@ -141,6 +212,9 @@ impl QpInit {
         let max_wr = dev.max_qp_wr.max(1) as u32;
         want.send_wr = want.send_wr.min(max_wr);
         want.recv_wr = want.recv_wr.min(max_wr);
+        // SAFETY: ibv_qp_init_attr is repr(C) of raw pointers (NULL is valid), integers and c_uint
+        // enum aliases, so all-zero is a valid value; it also leaves qp_context and srq NULL and
+        // sq_sig_all 0, as intended.
         let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         attr.send_cq = cq.raw;
         attr.recv_cq = cq.raw;
@@ -152,10 +226,17 @@ impl QpInit {
             max_recv_sge: 1,
             max_inline_data: want.inline,
         };
+        // SAFETY: `create_qp` is ibv_create_qp, resolved with the C signature declared in Verbs;
+        // dev.pd was allocated on the device's context and is never deallocated, and `attr` is a
+        // local ibv_qp_init_attr whose send_cq and recv_cq are the live CQ `cq`, made on the same
+        // context, with srq NULL. ibv_create_qp(3) writes the granted capabilities back into
+        // attr.cap; NULL is handled below.
         let mut raw = unsafe { (v().create_qp)(dev.pd, &mut attr) };
         if raw.is_null() && want.inline > 0 {
             // Some providers have no inline support: retry without it.
             attr.cap.max_inline_data = 0;
+            // SAFETY: as above: the same live PD and CQ, and the same local init attributes with
+            // max_inline_data now 0.
             raw = unsafe { (v().create_qp)(dev.pd, &mut attr) };
         }
         if raw.is_null() {
@@ -169,6 +250,10 @@ impl QpInit {
             )));
         }
         let qp = Qp { raw, max_inline: attr.cap.max_inline_data };
+        // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
+        // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
+        // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
+        // are set below.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = IBV_QPS_INIT;
         a.pkey_index = pkey_index;
@@ -184,6 +269,10 @@ impl QpInit {
 
     /// Connect to the remote QP: INIT → RTR.
     pub fn rtr(self, port: &IbPort, remote: &RemoteQp, p: &PathParams) -> Result<QpRtr> {
+        // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
+        // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
+        // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
+        // are set below.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = IBV_QPS_RTR;
         a.path_mtu = p.mtu;
@@ -217,6 +306,10 @@ impl QpInit {
 impl QpRtr {
     /// RTR → RTS with the retry settings.
     pub fn rts(self, port: &IbPort, p: &PathParams) -> Result<QpRts> {
+        // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
+        // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
+        // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
+        // are set below.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = IBV_QPS_RTS;
         a.timeout = p.timeout;
@@ -243,15 +336,23 @@ pub struct Mr {
 
 impl Mr {
     pub fn lkey(&self) -> u32 {
+        // SAFETY: self.raw is the non-null MR ibv_reg_mr returned in RegBuf::new (the field is
+        // private, so that is the only way to make an Mr) and it is deregistered only in Drop, so
+        // it is live while &self is; lkey is set at registration and never changes.
         unsafe { (*self.raw).lkey }
     }
     pub fn rkey(&self) -> u32 {
+        // SAFETY: as in lkey: self.raw is a live MR from ibv_reg_mr, deregistered only in Drop;
+        // rkey is set at registration and never changes.
         unsafe { (*self.raw).rkey }
     }
 }
 
 impl Drop for Mr {
     fn drop(&mut self) {
+        // SAFETY: self.raw came from ibv_reg_mr in RegBuf::new and is deregistered exactly once,
+        // here. RegBuf declares `mr` before `buf`, so this runs before the memory under it is
+        // freed.
         let rc = unsafe { (v().dereg_mr)(self.raw) };
         if rc != 0 {
             log::warn!("NET/rivet: ibv_dereg_mr failed: {}", std::io::Error::from_raw_os_error(rc));
@@ -267,7 +368,11 @@ pub struct HostBuf {
 
 impl HostBuf {
     pub fn new(len: usize) -> HostBuf {
-        let layout = Layout::from_size_align(len.max(1).next_multiple_of(4096), 4096).expect("buffer layout");
+        // Checked: an unchecked rounding of a size near usize::MAX would wrap to 0 in release builds.
+        let size = len.max(1).checked_next_multiple_of(4096).expect("buffer size");
+        let layout = Layout::from_size_align(size, 4096).expect("buffer layout");
+        // SAFETY: alloc_zeroed needs a layout of non-zero size: len.max(1) rounded up to a multiple
+        // of 4096 (checked above) is at least 4096. A NULL result is handled below.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
@@ -287,6 +392,9 @@ impl HostBuf {
 
 impl Drop for HostBuf {
     fn drop(&mut self) {
+        // SAFETY: self.ptr was returned by alloc_zeroed with exactly self.layout (non-null, checked
+        // in new) and is freed exactly once, here. An MR over it is deregistered first when both
+        // sit in a RegBuf (`mr` is declared before `buf`).
         unsafe { std::alloc::dealloc(self.ptr, self.layout) }
     }
 }
@@ -300,6 +408,11 @@ pub struct RegBuf {
 impl RegBuf {
     pub fn new(dev: &IbDevice, len: usize, access: u32) -> Result<RegBuf> {
         let buf = HostBuf::new(len);
+        // SAFETY: `reg_mr` is ibv_reg_mr, resolved with the C signature declared in Verbs; dev.pd
+        // was allocated on the device's context and is never deallocated. [buf.ptr(), buf.ptr() +
+        // buf.len()) is a live heap allocation owned by `buf`, which goes into the same RegBuf as
+        // the MR and is freed only after the MR is deregistered (field order). NULL is handled
+        // below.
         let raw = unsafe { (v().reg_mr)(dev.pd, buf.ptr() as *mut _, buf.len(), access as c_int) };
         if raw.is_null() {
             return Err(Error::system(format!(
@@ -317,8 +430,15 @@ impl RegBuf {
     }
 }
 
+// SAFETY: each owns its verbs object (or memory) alone and frees it in Drop; libibverbs objects
+// may be used from any thread, and rivet uses each from one thread at a time (under its comm's
+// lock).
 unsafe impl Send for Cq {}
+// SAFETY: as for Cq.
 unsafe impl Send for Qp {}
+// SAFETY: as for Cq.
 unsafe impl Send for QpRts {}
+// SAFETY: as for Cq.
 unsafe impl Send for Mr {}
+// SAFETY: a heap allocation owned alone, freed in Drop.
 unsafe impl Send for HostBuf {}

@@ -66,6 +66,7 @@ impl VerbsSend {
             steps: [RdvStep { q: 0, data: None, close: None }; MAX_QPS],
             // SAFETY: all-zero work requests and scatter entries are valid (null pointers, 0 sizes).
             wrs: unsafe { std::mem::zeroed() },
+            // SAFETY: as above.
             sges: unsafe { std::mem::zeroed() },
             c,
         }
