@@ -23,6 +23,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--baseline", help="an earlier libnccl-net-rivet.so to measure in the same rounds")
+    ap.add_argument("--only", choices=["64K", "1M", "16M"], help="measure only this streaming size (no latency)")
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
     share = os.path.join(ROOT, "target", "vm", "bench")
@@ -34,7 +35,9 @@ def main():
     args = ["/mnt/host/bench.sh", str(a.rounds)]
     if a.baseline:
         shutil.copy(a.baseline, os.path.join(share, "baseline.so"))
-        args.append("/mnt/host/baseline.so")
+    args.append("/mnt/host/baseline.so" if a.baseline else "-")
+    if a.only:
+        args.append({"64K": "65536:1500:96M", "1M": "1048576:120:120M", "16M": "16777216:6:128M"}[a.only])
     out = subprocess.run([os.path.join(ROOT, "ci/vm/run-vm.sh"), "--share", share, "--mtu", str(a.mtu), "--timeout", "3600"] + args,
                          cwd=ROOT, capture_output=True, text=True)
     log = out.stdout + out.stderr
