@@ -81,10 +81,14 @@ fn allreduce(r: &Ring, b: &mut Bufs, count: usize, in_place: bool) -> Res<()> {
     for s in 0..n - 1 {
         let (slo, shi) = seg(count, n, (rank + n - s) % n);
         let (rlo, rhi) = seg(count, n, (rank + 2 * n - s - 1) % n);
-        let rr = net.irecv(r.recv, tp as *mut u8, (rhi - rlo) * 4, s as i32, b.mh_tmp)?;
+        // SAFETY: (this irecv and the isends and irecvs below) segments [lo, hi) of `count` floats
+        // lie inside the registered buffers (tmp holds a segment), which outlive the ring's comms;
+        // each step waits for its send and receive before the buffers are touched again.
+        let rr = unsafe { net.irecv(r.recv, tp as *mut u8, (rhi - rlo) * 4, s as i32, b.mh_tmp)? };
         // Step 0 sends this rank's own contribution; later steps the sums made at the step before.
         let (from, mh) = if s == 0 { (sp, mh_src) } else { (dp as *const f32, b.mh_data_s) };
-        let sr = net.isend(r.send, unsafe { from.add(slo) } as *const u8, (shi - slo) * 4, s as i32, mh)?;
+        // SAFETY: see above.
+        let sr = unsafe { net.isend(r.send, from.add(slo) as *const u8, (shi - slo) * 4, s as i32, mh)? };
         r.wait_all(&[sr, rr])?;
         for i in 0..rhi - rlo {
             // SAFETY: rlo + i < count <= both buffers' lengths; sp and dp may alias (in place).
@@ -94,8 +98,10 @@ fn allreduce(r: &Ring, b: &mut Bufs, count: usize, in_place: bool) -> Res<()> {
     for s in 0..n - 1 {
         let (slo, shi) = seg(count, n, (rank + 1 + n - s) % n);
         let (rlo, rhi) = seg(count, n, (rank + n - s) % n);
-        let rr = net.irecv(r.recv, unsafe { dp.add(rlo) } as *mut u8, (rhi - rlo) * 4, (n + s) as i32, b.mh_data_r)?;
-        let sr = net.isend(r.send, unsafe { dp.add(slo) } as *const u8, (shi - slo) * 4, (n + s) as i32, b.mh_data_s)?;
+        // SAFETY: see above; the segments received and sent are different ones.
+        let rr = unsafe { net.irecv(r.recv, dp.add(rlo) as *mut u8, (rhi - rlo) * 4, (n + s) as i32, b.mh_data_r)? };
+        // SAFETY: see above.
+        let sr = unsafe { net.isend(r.send, dp.add(slo) as *const u8, (shi - slo) * 4, (n + s) as i32, b.mh_data_s)? };
         r.wait_all(&[sr, rr])?;
     }
     Ok(())
@@ -160,7 +166,6 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         println!("OUT #");
         println!("OUT # Using devices");
     }
-    let r = Ring::join(lib, rank, nranks, &devs, true)?;
     let maxcount = o.max / 4;
     let mut b = Bufs {
         data: vec![0f32; maxcount.max(nranks)],
@@ -171,6 +176,10 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         mh_data_r: std::ptr::null_mut(),
         mh_tmp: std::ptr::null_mut(),
     };
+    // The ring (and its comms) is made after the buffers, so it is dropped before them: on an
+    // error return no comm with requests in flight outlives the memory they name.
+    let r = Ring::join(lib, rank, nranks, &devs, true)?;
+    // SAFETY: the bytes of a Vec<f32> (any bit pattern is a valid f32), for as long as the borrow.
     let bytes = |v: &mut Vec<f32>| unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 4) };
     b.mh_src_s = r.net.reg(r.send, bytes(&mut b.src))?;
     b.mh_data_s = r.net.reg(r.send, bytes(&mut b.data))?;

@@ -1,4 +1,5 @@
 //! `rivet`: drives the built plugin through the same C ABI NCCL uses (`rivet --help`).
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod allreduce;
 mod doctor;
@@ -211,6 +212,7 @@ fn run(cli: Cli) -> Res<i32> {
 fn main() {
     // A closed stdout (`rivet topo | head -1`) ends the program quietly, as it does `cat`.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    // SAFETY: restoring SIGPIPE's default action, before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     match run(cli) {

@@ -64,12 +64,19 @@ fn check(what: &str, r: ncclResult_t) -> Res<()> {
 
 impl Net {
     pub fn load(path: &Path) -> Res<Net> {
+        // SAFETY: loading an ncclNet plugin runs its initializers, as NCCL's dlopen does; the user
+        // named this library as one.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("dlopen {}: {e}", path.display()))?;
+        // SAFETY: ncclNetPlugin_v12 is, in every ncclNet plugin, a static ncclNet_v12_t.
         let sym: libloading::Symbol<*const ncclNet_v12_t> = unsafe { lib.get(b"ncclNetPlugin_v12\0") }
             .map_err(|e| format!("{} has no ncclNetPlugin_v12: {e}", path.display()))?;
+        // SAFETY: the table is a static of the library, which `Net` keeps loaded as long as it
+        // lives (the reference never leaves it for longer: `t` is only used through `self`).
         let t: &'static ncclNet_v12_t = unsafe { &**sym };
         let mut ctx = std::ptr::null_mut();
         let mut cfg = ncclNetCommConfig_t { trafficClass: -1 };
+        // SAFETY: (here and in each call into the table below) the plugin's functions with the
+        // v12 signatures, called with live out-parameters and with handles this plugin returned.
         check("init", unsafe { t.init.unwrap()(&mut ctx, 0x5249_5645, &mut cfg, None, None) })?;
         let timeout = Duration::from_secs(nccl_net_rivet::config::get().timeout_secs + 5);
         Ok(Net { _lib: lib, t, ctx, path: path.to_path_buf(), timeout })
@@ -77,12 +84,15 @@ impl Net {
 
     pub fn ndev(&self) -> Res<i32> {
         let mut n = 0;
+        // SAFETY: see `load`.
         check("devices", unsafe { self.t.devices.unwrap()(&mut n) })?;
         Ok(n)
     }
 
     pub fn props(&self, dev: i32) -> Res<ncclNetProperties_v12_t> {
+        // SAFETY: plain C data; all-zero is valid (null pointers).
         let mut p: ncclNetProperties_v12_t = unsafe { std::mem::zeroed() };
+        // SAFETY: see `load`.
         check("getProperties", unsafe { self.t.getProperties.unwrap()(dev, &mut p) })?;
         Ok(p)
     }
@@ -90,6 +100,7 @@ impl Net {
     pub fn listen(&self, dev: i32) -> Res<([u8; 128], *mut c_void)> {
         let mut h = [0u8; 128];
         let mut lc = std::ptr::null_mut();
+        // SAFETY: see `load`; `h` is a 128-byte handle buffer (NCCL_NET_HANDLE_MAXSIZE).
         check("listen", unsafe { self.t.listen.unwrap()(self.ctx, dev, h.as_mut_ptr() as *mut c_void, &mut lc) })?;
         Ok((h, lc))
     }
@@ -101,12 +112,14 @@ impl Net {
         while sc.is_null() || rc.is_null() {
             if sc.is_null() {
                 let mut dc = std::ptr::null_mut();
+                // SAFETY: see `load`; `peer` is the 128-byte handle, the same buffer each call.
                 check("connect", unsafe {
                     self.t.connect.unwrap()(self.ctx, dev, peer.as_mut_ptr() as *mut c_void, &mut sc, &mut dc)
                 })?;
             }
             if rc.is_null() {
                 let mut dc = std::ptr::null_mut();
+                // SAFETY: see `load`.
                 check("accept", unsafe { self.t.accept.unwrap()(lc, &mut rc, &mut dc) })?;
             }
             if Instant::now() > deadline {
@@ -116,8 +129,10 @@ impl Net {
         Ok((sc, rc))
     }
 
+    /// Register a buffer; the caller keeps it (and does not move it) until it is deregistered.
     pub fn reg(&self, comm: *mut c_void, buf: &mut [u8]) -> Res<*mut c_void> {
         let mut mh = std::ptr::null_mut();
+        // SAFETY: see `load`; the buffer is `buf.len()` bytes (registration reads nothing).
         check("regMr", unsafe {
             self.t.regMr.unwrap()(comm, buf.as_mut_ptr() as *mut c_void, buf.len(), NCCL_PTR_HOST, &mut mh)
         })?;
@@ -125,13 +140,18 @@ impl Net {
     }
 
     /// Register `len` bytes at `p` of pointer type `ty` (NCCL_PTR_HOST or NCCL_PTR_CUDA).
-    pub fn reg_ptr(&self, comm: *mut c_void, p: *mut u8, len: usize, ty: i32) -> Res<*mut c_void> {
+    ///
+    /// # Safety
+    /// `[p, p+len)` is memory of type `ty`, allocated until the registration is released.
+    pub unsafe fn reg_ptr(&self, comm: *mut c_void, p: *mut u8, len: usize, ty: i32) -> Res<*mut c_void> {
         let mut mh = std::ptr::null_mut();
+        // SAFETY: see `load`, and the caller's promise for the buffer.
         check("regMr", unsafe { self.t.regMr.unwrap()(comm, p as *mut c_void, len, ty, &mut mh) })?;
         Ok(mh)
     }
 
     pub fn dereg(&self, comm: *mut c_void, mh: *mut c_void) -> Res<()> {
+        // SAFETY: see `load`.
         check("deregMr", unsafe { self.t.deregMr.unwrap()(comm, mh) })
     }
 
@@ -149,24 +169,39 @@ impl Net {
         }
     }
 
-    pub fn isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
-        self.post("isend", || self.try_isend(sc, p, size, tag, mh))
+    /// # Safety
+    /// As for `try_isend`.
+    pub unsafe fn isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
+        // SAFETY: the caller's promise.
+        self.post("isend", || unsafe { self.try_isend(sc, p, size, tag, mh) })
     }
 
-    pub fn irecv(&self, rc: *mut c_void, p: *mut u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
-        self.post("irecv", || self.try_irecv_group(rc, &[(p, size, tag, mh)]))
+    /// # Safety
+    /// As for `try_irecv_group`.
+    pub unsafe fn irecv(&self, rc: *mut c_void, p: *mut u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
+        // SAFETY: the caller's promise.
+        self.post("irecv", || unsafe { self.try_irecv_group(rc, &[(p, size, tag, mh)]) })
     }
 
     /// One isend attempt: None is the plugin's back-pressure (try again later).
-    pub fn try_isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<Option<*mut c_void>> {
+    ///
+    /// # Safety
+    /// `[p, p+size)` is inside the registration `mh`, readable, and left unchanged until the
+    /// request completes or the comm is closed.
+    pub unsafe fn try_isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<Option<*mut c_void>> {
         let mut req = std::ptr::null_mut();
+        // SAFETY: see `load`, and the caller's promise for the buffer.
         check("isend", unsafe { self.t.isend.unwrap()(sc, p as *mut c_void, size, tag, mh, std::ptr::null_mut(), &mut req) })?;
         Ok((!req.is_null()).then_some(req))
     }
 
     /// One attempt at a grouped receive of up to 8 buffers (pointer, size, tag, memory handle
     /// each). The arrays NCCL's irecv takes live on the stack: posting allocates nothing.
-    pub fn try_irecv_group(&self, rc: *mut c_void, bufs: &[(*mut u8, usize, i32, *mut c_void)]) -> Res<Option<*mut c_void>> {
+    ///
+    /// # Safety
+    /// Each buffer lies inside its registration, writable, and is neither read nor written by
+    /// anyone else until the request completes or the comm is closed.
+    pub unsafe fn try_irecv_group(&self, rc: *mut c_void, bufs: &[(*mut u8, usize, i32, *mut c_void)]) -> Res<Option<*mut c_void>> {
         const MAX: usize = 8;
         if bufs.is_empty() || bufs.len() > MAX {
             return Err(format!("irecv of {} buffers: 1 to {MAX} are allowed", bufs.len()));
@@ -176,6 +211,8 @@ impl Net {
             (data[i], sizes[i], tags[i], mhs[i]) = (b.0 as *mut c_void, b.1, b.2, b.3);
         }
         let mut req = std::ptr::null_mut();
+        // SAFETY: see `load`; the four arrays hold `bufs.len()` entries each, and the caller's
+        // promise covers the buffers.
         check("irecv", unsafe {
             self.t.irecv.unwrap()(
                 rc,
@@ -195,6 +232,7 @@ impl Net {
     /// each buffer's message in `sizes`.
     pub fn test_n(&self, req: *mut c_void, sizes: &mut [i32]) -> Res<bool> {
         let mut done = 0;
+        // SAFETY: see `load`; `sizes` has room for the request's buffers (the caller's count).
         check("test", unsafe { self.t.test.unwrap()(req, &mut done, sizes.as_mut_ptr()) })?;
         Ok(done != 0)
     }
@@ -206,6 +244,7 @@ impl Net {
     }
 
     pub fn close(&self, sc: *mut c_void, rc: *mut c_void, lc: *mut c_void) {
+        // SAFETY: see `load`; each handle is closed once (the caller's ring forgets them).
         unsafe {
             self.t.closeSend.unwrap()(sc);
             self.t.closeRecv.unwrap()(rc);
@@ -216,6 +255,7 @@ impl Net {
 
 impl Drop for Net {
     fn drop(&mut self) {
+        // SAFETY: see `load`; the context from init, finalized once.
         unsafe { self.t.finalize.unwrap()(self.ctx) };
     }
 }

@@ -256,6 +256,7 @@ impl Drop for Ring {
 fn hostname() -> String {
     let mut b = [0u8; 256];
     // SAFETY: gethostname writes at most b.len() bytes into b.
+    // SAFETY: gethostname writes at most `b.len()` bytes into the local buffer.
     if unsafe { libc::gethostname(b.as_mut_ptr() as *mut std::ffi::c_char, b.len()) } != 0 {
         return "?".into();
     }

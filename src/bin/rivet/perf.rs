@@ -44,8 +44,6 @@ impl Opts {
 pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<u64> {
     let devs = o.common.devs();
     let (window, lat_iters) = (o.window as usize, o.lat_iters as usize);
-    let r = Ring::join(lib, rank, nranks, &devs, false)?;
-    let net = &r.net;
     let max = o.sizes.iter().copied().max().unwrap_or(8).max(8);
     // Real pages with data (a zero-filled allocation would be lazily mapped to the zero page).
     let mut buf: Vec<u8> = (0..max).map(|i| (i * 131 + rank) as u8).collect();
@@ -59,16 +57,21 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     } else {
         None
     };
+    // The ring (and its comms) is made after the buffers, so it is dropped before them: on an
+    // error return no comm with requests in flight outlives the memory they name.
+    let r = Ring::join(lib, rank, nranks, &devs, false)?;
+    let net = &r.net;
     let (bp, sp, ty) = match &gpu {
         Some((b, s)) => (b.ptr() as *mut u8, s.ptr() as *mut u8, nccl_net_rivet::abi::types::NCCL_PTR_CUDA),
         None => (buf.as_mut_ptr(), small.as_mut_ptr(), nccl_net_rivet::abi::types::NCCL_PTR_HOST),
     };
-    let mh_s = net.reg_ptr(r.send, bp, max, ty)?;
-    let mh_r = net.reg_ptr(r.recv, bp, max, ty)?;
-    let mh_small_s = net.reg_ptr(r.send, sp, 8, ty)?;
-    let mh_small_r = net.reg_ptr(r.recv, sp, 8, ty)?;
+    // SAFETY: `bp` is `max` bytes and `sp` 8 of memory of type `ty` (the buffers above), which
+    // outlive the ring and its comms, and so every registration and request on them.
+    let (mh_s, mh_r) = unsafe { (net.reg_ptr(r.send, bp, max, ty)?, net.reg_ptr(r.recv, bp, max, ty)?) };
+    // SAFETY: as above.
+    let (mh_small_s, mh_small_r) = unsafe { (net.reg_ptr(r.send, sp, 8, ty)?, net.reg_ptr(r.recv, sp, 8, ty)?) };
     let p = net.props(r.dev)?;
-    let name = unsafe { std::ffi::CStr::from_ptr(p.name) }.to_string_lossy().into_owned();
+    let name = crate::net::cstr(p.name);
     let cfg = nccl_net_rivet::config::get();
     let lanes = if r.transport == "TCP" {
         format!("{} stream(s)", cfg.socket_nstreams)
@@ -92,7 +95,10 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let warm = if lat_iters == 0 { 0 } else { 100 };
     let mut rtts: Vec<u64> = Vec::with_capacity(lat_iters);
     let (mut t0, mut c0) = (Instant::now(), cycles());
-    let mut rr = if lat_iters == 0 { std::ptr::null_mut() } else { net.irecv(r.recv, sp, 8, 0, mh_small_r)? };
+    // SAFETY: (here and in each isend and irecv below) the buffers outlive the comms (see the
+    // registrations); a benchmark lets a send and a receive share the small buffer, whose bytes
+    // it never checks.
+    let mut rr = if lat_iters == 0 { std::ptr::null_mut() } else { unsafe { net.irecv(r.recv, sp, 8, 0, mh_small_r)? } };
     for i in 0..warm + lat_iters {
         if i == warm {
             (t0, c0) = (Instant::now(), cycles());
@@ -100,21 +106,25 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         let last = i + 1 == warm + lat_iters;
         if rank == 0 {
             let start = cycles();
-            let sr = net.isend(r.send, sp, 8, 0, mh_small_s)?;
+            // SAFETY: see above.
+            let sr = unsafe { net.isend(r.send, sp, 8, 0, mh_small_s)? };
             r.wait_all(&[rr])?;
             if i >= warm {
                 rtts.push(cycles().wrapping_sub(start));
             }
             if !last {
-                rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
+                // SAFETY: see above.
+                rr = unsafe { net.irecv(r.recv, sp, 8, 0, mh_small_r)? };
             }
             r.wait_all(&[sr])?;
         } else {
             r.wait_all(&[rr])?;
             if !last {
-                rr = net.irecv(r.recv, sp, 8, 0, mh_small_r)?;
+                // SAFETY: see above.
+                rr = unsafe { net.irecv(r.recv, sp, 8, 0, mh_small_r)? };
             }
-            let sr = net.isend(r.send, sp, 8, 0, mh_small_s)?;
+            // SAFETY: see above.
+            let sr = unsafe { net.isend(r.send, sp, 8, 0, mh_small_s)? };
             r.wait_all(&[sr])?;
         }
     }
@@ -138,16 +148,19 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 let q: *mut std::ffi::c_void = inflight.pop_front().unwrap();
                 r.wait_all(&[q])?;
             }
-            let q = if rank == 0 { net.isend(r.send, bp, size, 1, mh_s)? } else { net.irecv(r.recv, bp, size, 1, mh_r)? };
+            // SAFETY: see above; size <= max.
+            let q = unsafe { if rank == 0 { net.isend(r.send, bp, size, 1, mh_s)? } else { net.irecv(r.recv, bp, size, 1, mh_r)? } };
             inflight.push_back(q);
         }
         let rest: Vec<_> = inflight.into_iter().collect();
         r.wait_all(&rest)?;
         if rank == 0 {
-            let rr = net.irecv(r.recv, sp, 8, 2, mh_small_r)?;
+            // SAFETY: see above.
+            let rr = unsafe { net.irecv(r.recv, sp, 8, 2, mh_small_r)? };
             r.wait_all(&[rr])?;
         } else {
-            let sr = net.isend(r.send, sp, 8, 2, mh_small_s)?;
+            // SAFETY: see above.
+            let sr = unsafe { net.isend(r.send, sp, 8, 2, mh_small_s)? };
             r.wait_all(&[sr])?;
         }
         let dt = t0.elapsed().as_secs_f64();
@@ -175,6 +188,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
 fn cycles() -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
+        // SAFETY: RDTSC exists on every x86_64 CPU and has no preconditions.
         unsafe { core::arch::x86_64::_rdtsc() }
     }
     #[cfg(not(target_arch = "x86_64"))]

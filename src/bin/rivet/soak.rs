@@ -174,6 +174,7 @@ struct Counts {
 fn counts() -> Counts {
     // Memory glibc keeps after free would read as growth: give it back first.
     // SAFETY: malloc_trim has no preconditions.
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
     unsafe { libc::malloc_trim(0) };
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |k: &str| {
@@ -197,6 +198,9 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let net = crate::net::Net::load(lib)?;
     net.ndev()?;
     let before = counts();
+    // Declared before the ring (and its comms), so dropped after it: on an error return no comm
+    // with requests in flight outlives the memory they name.
+    let (mut sarena, mut rarena): (Arena, Arena);
     let mut r = Ring::join_with(net, rank, nranks, &devs, false)?;
     let secs = std::env::var("RIVET_SOAK_SECS").ok().and_then(|s| s.parse::<f64>().ok()).ok_or("soak: the launcher did not say how long")?;
     let seed = std::env::var("RIVET_SOAK_SEED").ok().and_then(|s| s.parse::<u64>().ok()).ok_or("soak: no seed")?;
@@ -210,8 +214,8 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         let mh = net.reg(comm, &mut mem)?;
         Ok(Arena { mem, mh })
     };
-    let mut sarena = mk(r.send)?;
-    let mut rarena = mk(r.recv)?;
+    sarena = mk(r.send)?;
+    rarena = mk(r.recv)?;
     let ctrl_off = slot_bytes * MAX_WINDOW;
     // Direction d is "rank d sends": this rank sends in direction `rank`, receives in the other.
     let (sdir, rdir) = (rank as u64, (1 - rank) as u64);
@@ -263,7 +267,10 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 } else {
                     (sarena.mem[ctrl_off + *slot * 8..].as_ptr(), 8, CTRL_TAG)
                 };
-                match net.try_isend(r.send, ptr, size, tag, sarena.mh)? {
+                // SAFETY: the message's bytes in this round's slot of the send arena, registered as
+                // `sarena.mh` and kept (the arena outlives the comms) and unchanged until the round
+                // completes: a slot is refilled only after its requests are done.
+                match unsafe { net.try_isend(r.send, ptr, size, tag, sarena.mh)? } {
                     Some(q) => {
                         reqs.push(q);
                         moved = true;
@@ -292,14 +299,17 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                     bufs.push((ptr, room, tag, rarena.mh));
                     off += room;
                 }
-                if let Some(q) = net.try_irecv_group(r.recv, &bufs)? {
+                // SAFETY: each buffer is its room in this round's slot of the receive arena
+                // (registered as `rarena.mh`, outliving the comms), read only once the round is done.
+                if let Some(q) = unsafe { net.try_irecv_group(r.recv, &bufs)? } {
                     reqs.push(q);
                     moved = true;
                 }
             }
             if reqs.len() == 1 {
                 let ptr = rarena.mem[ctrl_off + *slot * 8..].as_mut_ptr();
-                if let Some(q) = net.try_irecv_group(r.recv, &[(ptr, 8, CTRL_TAG, rarena.mh)])? {
+                // SAFETY: as above, for the slot's control word.
+                if let Some(q) = unsafe { net.try_irecv_group(r.recv, &[(ptr, 8, CTRL_TAG, rarena.mh)])? } {
                     reqs.push(q);
                     moved = true;
                 }

@@ -55,6 +55,7 @@ pub struct Facts {
 
 fn memlock() -> Memlock {
     let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit fills the local `r`.
     let limit = if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY {
         None
     } else {
