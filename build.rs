@@ -3,12 +3,32 @@
 // `-z nodelete` keeps the library mapped after NCCL 2.27+ dlcloses it, so no code or static it handed
 // out (logger state, thread-local destructors) can be unmapped under a running process.
 // RIVET_GIT_REV is the revision `rivet --version` reports ("unknown" outside a git checkout).
+// The host facts some tests need (root, an NVIDIA driver, RDMA devices, an installed libibverbs)
+// become cfgs, so that a test that cannot run here is marked ignored, with the reason, instead
+// of passing without asserting anything.
 use std::process::Command;
 
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl-net-rivet.so");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo:rerun-if-changed=build.rs");
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2)).map(|u| u == "0"))
+        .unwrap_or(false);
+    let exists = |p: &str| std::path::Path::new(p).exists();
+    let libibverbs = ["/usr/lib/x86_64-linux-gnu/libibverbs.so.1", "/usr/lib64/libibverbs.so.1", "/usr/lib/libibverbs.so.1"];
+    for (cfg, on) in [
+        ("rivet_root", root),
+        ("rivet_nvidia", exists("/dev/nvidiactl")),
+        ("rivet_rdma", exists("/dev/infiniband")),
+        ("rivet_libibverbs", libibverbs.iter().any(|p| exists(p))),
+    ] {
+        println!("cargo:rustc-check-cfg=cfg({cfg})");
+        if on {
+            println!("cargo:rustc-cfg={cfg}");
+        }
+    }
     let git = |args: &[&str]| {
         Command::new("git")
             .args(args)

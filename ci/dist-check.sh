@@ -32,10 +32,13 @@ for f in "$so" "$stage/bin/rivet"; do
 done
 tables=$($objdump -T "$so" | grep -o 'ncclNetPlugin_v[0-9]*' | sort -uV | tr '\n' ' ')
 [ "$tables" = "ncclNetPlugin_v6 ncclNetPlugin_v7 ncclNetPlugin_v8 ncclNetPlugin_v9 ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v12 " ] || fail "exported tables: $tables"
-readelf -d "$so" | grep -q 'Library soname: \[libnccl-net-rivet.so\]' || fail "SONAME"
-readelf -S "$so" | grep -q '\.debug_info' && fail "$so still has debug info"
-readelf -S "$so" | grep -q '\.gnu_debuglink' || fail "$so has no .gnu_debuglink"
-readelf -S "$so.debug" | grep -q '\.debug_info' || fail "$so.debug has no debug info"
+# readelf's output is read whole first: `readelf | grep -q` under pipefail fails at random, when
+# grep has its match and exits while readelf is still writing (SIGPIPE).
+dyn=$(readelf -d "$so") sec=$(readelf -S "$so") dsec=$(readelf -S "$so.debug")
+grep -q 'Library soname: \[libnccl-net-rivet.so\]' <<< "$dyn" || fail "SONAME"
+grep -q '\.debug_info' <<< "$sec" && fail "$so still has debug info"
+grep -q '\.gnu_debuglink' <<< "$sec" || fail "$so has no .gnu_debuglink"
+grep -q '\.debug_info' <<< "$dsec" || fail "$so.debug has no debug info"
 echo "dist-check $arch: exports $tables; stripped, debug info in $(basename "$so").debug"
 
 # The conformance driver, built for the architecture, against the tarball's plugin.

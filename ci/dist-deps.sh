@@ -10,7 +10,7 @@ if ! cargo zigbuild --help >/dev/null 2>&1 || ! python3 -m ziglang version >/dev
     python3 -m pip install -q ziglang cargo-zigbuild
   hash -r
 fi
-if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+if ! grep -qx aarch64-unknown-linux-gnu <<< "$(rustup target list --installed)"; then
   echo "dist-deps: rustup target add aarch64-unknown-linux-gnu"
   rustup target add aarch64-unknown-linux-gnu
 fi

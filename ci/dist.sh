@@ -17,7 +17,7 @@ check=0
 [ "${1:-}" = --check ] && check=1
 missing=()
 cargo zigbuild --help >/dev/null 2>&1 || missing+=("cargo-zigbuild and zig: pip install ziglang cargo-zigbuild")
-rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu || missing+=("the aarch64 standard library: rustup target add aarch64-unknown-linux-gnu")
+grep -qx aarch64-unknown-linux-gnu <<< "$(rustup target list --installed 2>/dev/null)" || missing+=("the aarch64 standard library: rustup target add aarch64-unknown-linux-gnu")
 command -v objcopy >/dev/null || missing+=("objcopy: apt-get install binutils")
 command -v aarch64-linux-gnu-objcopy >/dev/null || missing+=("aarch64 objcopy: apt-get install binutils-aarch64-linux-gnu")
 if [ ${#missing[@]} -gt 0 ]; then

@@ -27,6 +27,7 @@ fn section<'a>(text: &'a str, title: &str) -> &'a str {
 }
 
 #[test]
+#[cfg_attr(rivet_rdma, ignore = "this host has RDMA devices, which have other answers")]
 fn this_machine_reports_tcp_and_why() {
     if Path::new("/dev/infiniband").exists() {
         println!("SKIP this_machine_reports_tcp_and_why: this host has RDMA devices, which have other answers");
@@ -51,6 +52,7 @@ fn selftest_moves_data_through_the_plugin() {
 }
 
 #[test]
+#[cfg_attr(rivet_nvidia, ignore = "this host has an NVIDIA driver")]
 fn perf_with_gpu_buffers_needs_cuda() {
     if Path::new("/dev/nvidiactl").exists() {
         println!("SKIP perf_with_gpu_buffers_needs_cuda: this host has an NVIDIA driver");

@@ -342,6 +342,7 @@ fn without_libibverbs_the_plugin_runs_over_tcp_and_says_why() {
 /// namespace (needs root and util-linux's unshare; skipped, with a note, where either or
 /// libibverbs itself is absent, e.g. a CI machine without rdma-core: the test above covers that).
 #[test]
+#[cfg_attr(not(all(rivet_root, rivet_libibverbs)), ignore = "needs root and an installed libibverbs")]
 fn libibverbs_hidden_in_a_mount_namespace_falls_back_to_tcp() {
     let name = "libibverbs_hidden_in_a_mount_namespace_falls_back_to_tcp";
     let lib = ["/usr/lib/x86_64-linux-gnu/libibverbs.so.1", "/usr/lib64/libibverbs.so.1", "/usr/lib/libibverbs.so.1"]

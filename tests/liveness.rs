@@ -149,6 +149,7 @@ fn rank(role: &str, dir: &Path) {
 }
 
 #[test]
+#[cfg_attr(not(rivet_root), ignore = "needs root (ip netns)")]
 fn a_vanished_host_is_reported_unreachable_on_both_sides() {
     if let Ok(role) = std::env::var("RIVET_LIVENESS_ROLE") {
         rank(&role, Path::new(&std::env::var("RIVET_LIVENESS_DIR").unwrap()));
@@ -170,7 +171,7 @@ fn a_vanished_host_is_reported_unreachable_on_both_sides() {
         Command::new("ip")
             .args(["netns", "exec", netns])
             .arg(&exe)
-            .args(["a_vanished_host_is_reported_unreachable_on_both_sides", "--exact", "--nocapture", "--test-threads=1"])
+            .args(["a_vanished_host_is_reported_unreachable_on_both_sides", "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
             .env("RIVET_LIVENESS_ROLE", role)
             .env("RIVET_LIVENESS_DIR", &dir)
             .env("RIVET_TIMEOUT", TIMEOUT_S.to_string())

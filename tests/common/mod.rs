@@ -188,7 +188,8 @@ pub fn in_child_via(wrapper: &[&str], name: &str, env: &[(&str, &str)]) -> Optio
         }
         None => Command::new(exe),
     };
-    c.args([name, "--exact", "--nocapture", "--test-threads=1"]);
+    // --include-ignored: a test marked ignored on this host still runs its child when asked.
+    c.args([name, "--exact", "--include-ignored", "--nocapture", "--test-threads=1"]);
     c.env("RIVET_TEST_CHILD", name).env("NCCL_SOCKET_IFNAME", "lo");
     for (k, v) in env {
         c.env(k, v);
