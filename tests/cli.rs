@@ -2,6 +2,7 @@
 //! every unknown flag or missing value an error that names the flag (exit 2), a closed pipe ends
 //! it quietly, plugin errors named as NCCL names them, and `rivet allreduce` in nccl-tests'
 //! all_reduce_perf layout.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::process::{Command, Output};
 
@@ -125,6 +126,7 @@ fn a_closed_pipe_ends_quietly() {
     use std::os::fd::{FromRawFd, OwnedFd};
     for args in [&["topo", "--example", "dgx-h100"][..], &["topo", "--json", "--example", "dgx-h100"], &["config"], &["--help"]] {
         let mut fds = [0; 2];
+        // SAFETY: pipe(2) fills the two-int array.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         // SAFETY: both descriptors were just created by pipe(2) and are owned here.
         let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };

@@ -1,6 +1,7 @@
 //! Bad input and faults at the plugin boundary, each in its own child process (fresh config,
 //! stderr captured): foreign clients and garbage on a listen socket, wrong handles, truncated and
 //! silent handshakes, closing with requests in flight, invalid configuration, the INFO banner.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 use common::*;
@@ -211,6 +212,9 @@ fn an_abandoned_connect_is_reaped() {
         let (r, c) = connect_once(&ctx, &mut h1);
         assert_ne!(r, 0, "a call with the abandoned handle fails");
         assert!(c.is_null());
+        // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles
+        // it returned; the buffers are this test's and outlive their requests (the test waits for
+        // them or closes the comm first).
         unsafe {
             assert_eq!(t().closeListen.unwrap()(lc), 0);
             assert_eq!(t().closeListen.unwrap()(lc2), 0);
@@ -318,6 +322,9 @@ fn no_matching_interface_fails_init_with_advice() {
     let Some((ok, err)) = in_child("no_matching_interface_fails_init_with_advice", &[("NCCL_SOCKET_IFNAME", "=nosuchif0")])
     else {
         let mut ctx = std::ptr::null_mut();
+        // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles
+        // it returned; the buffers are this test's and outlive their requests (the test waits for
+        // them or closes the comm first).
         let r = unsafe { t().init.unwrap()(&mut ctx, 1, std::ptr::null_mut(), None, None) };
         assert_eq!(r, 2, "ncclSystemError");
         return;
@@ -348,6 +355,7 @@ fn libibverbs_hidden_in_a_mount_namespace_falls_back_to_tcp() {
     let lib = ["/usr/lib/x86_64-linux-gnu/libibverbs.so.1", "/usr/lib64/libibverbs.so.1", "/usr/lib/libibverbs.so.1"]
         .into_iter()
         .find(|p| std::path::Path::new(p).exists());
+    // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let unshare = std::process::Command::new("unshare").arg("--version").output().is_ok_and(|o| o.status.success());
     if std::env::var("RIVET_TEST_CHILD").as_deref() != Ok(name) && !(root && unshare && lib.is_some()) {
@@ -380,6 +388,9 @@ fn stale_and_foreign_handles_are_errors() {
     let heap = [0u64; 8];
     let foreign = heap.as_ptr() as *mut c_void;
     let null = std::ptr::null_mut();
+    // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles it
+    // returned; the buffers are this test's and outlive their requests (the test waits for them or
+    // closes the comm first).
     unsafe {
         assert_eq!(t().closeRecv.unwrap()(rc), 0);
         let (mut done, mut sz) = (7, 0);

@@ -6,6 +6,7 @@
 //! pair is taken down while a stream of 16 MiB messages flows, so neither kernel hears from the
 //! other again (no reset, no FIN): what a host that loses power or network looks like. Needs root
 //! (`ip netns`); elsewhere it says SKIP and passes nothing.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 use common::*;
@@ -75,6 +76,9 @@ fn test_until(req: *mut c_void, limit: Duration) -> Option<Result<(), i32>> {
     let end = Instant::now() + limit;
     while Instant::now() < end {
         let (mut done, mut size) = (0, 0);
+        // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles
+        // it returned; the buffers are this test's and outlive their requests (the test waits for
+        // them or closes the comm first).
         let r = unsafe { t().test.unwrap()(req, &mut done, &mut size) };
         if r != 0 {
             return Some(Err(r));
@@ -155,6 +159,7 @@ fn a_vanished_host_is_reported_unreachable_on_both_sides() {
         rank(&role, Path::new(&std::env::var("RIVET_LIVENESS_DIR").unwrap()));
         return;
     }
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         println!("SKIP a_vanished_host_is_reported_unreachable_on_both_sides: needs root (ip netns)");
         return;

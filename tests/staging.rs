@@ -3,6 +3,7 @@
 //! set up its copier on the first staged buffer it meets, not only on regMr. Runs with
 //! RIVET_STAGE_HOST=1 (the host copier) over TCP; one test per process, so the environment is
 //! set before the plugin reads it.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 use common::*;
@@ -23,6 +24,9 @@ fn a_handle_registered_through_another_comm() {
     // The send buffer is registered through the receive comm, the receive buffer through the
     // send comm; neither comm has registered anything itself.
     let (mut smh, mut rmh) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles it
+    // returned; the buffers are this test's and outlive their requests (the test waits for them or
+    // closes the comm first).
     unsafe {
         assert_eq!(t().regMr.unwrap()(rc, src.as_ptr() as *mut c_void, n, NCCL_PTR_HOST, &mut smh), 0);
         assert_eq!(t().regMr.unwrap()(sc, dst.as_mut_ptr() as *mut c_void, n, NCCL_PTR_HOST, &mut rmh), 0);
@@ -31,16 +35,25 @@ fn a_handle_registered_through_another_comm() {
     let mut rreq: *mut c_void = std::ptr::null_mut();
     let (mut data, mut size, mut tag) = (dst.as_mut_ptr() as *mut c_void, n, 5);
     while rreq.is_null() {
+        // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles
+        // it returned; the buffers are this test's and outlive their requests (the test waits for
+        // them or closes the comm first).
         assert_eq!(unsafe { t().irecv.unwrap()(rc, 1, &mut data, &mut size, &mut tag, &mut rmh, std::ptr::null_mut(), &mut rreq) }, 0);
         assert!(std::time::Instant::now() < deadline);
     }
     let mut sreq: *mut c_void = std::ptr::null_mut();
     while sreq.is_null() {
+        // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles
+        // it returned; the buffers are this test's and outlive their requests (the test waits for
+        // them or closes the comm first).
         assert_eq!(unsafe { t().isend.unwrap()(sc, src.as_ptr() as *mut c_void, n, 5, smh, std::ptr::null_mut(), &mut sreq) }, 0);
         assert!(std::time::Instant::now() < deadline);
     }
     assert_eq!(wait(&[sreq, rreq]).expect("transfer failed"), vec![n as i32, n as i32]);
     assert!(src == dst, "data differs after staging");
+    // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles it
+    // returned; the buffers are this test's and outlive their requests (the test waits for them or
+    // closes the comm first).
     unsafe {
         assert_eq!(t().deregMr.unwrap()(rc, smh), 0);
         assert_eq!(t().deregMr.unwrap()(sc, rmh), 0);

@@ -18,6 +18,9 @@ pub struct Ctx(pub *mut c_void);
 pub fn init() -> Ctx {
     let mut ctx = std::ptr::null_mut();
     let mut cfg = ncclNetCommConfig_t { trafficClass: -1 };
+    // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles it
+    // returned; the buffers are this test's and outlive their requests (the test waits for them or
+    // closes the comm first).
     assert_eq!(unsafe { t().init.unwrap()(&mut ctx, 1, &mut cfg, None, None) }, 0);
     Ctx(ctx)
 }
@@ -25,6 +28,9 @@ pub fn init() -> Ctx {
 pub fn listen(ctx: &Ctx) -> ([u8; 128], *mut c_void) {
     let mut h = [0u8; 128];
     let mut lc = std::ptr::null_mut();
+    // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles it
+    // returned; the buffers are this test's and outlive their requests (the test waits for them or
+    // closes the comm first).
     assert_eq!(unsafe { t().listen.unwrap()(ctx.0, 0, h.as_mut_ptr() as *mut c_void, &mut lc) }, 0);
     (h, lc)
 }
@@ -33,6 +39,9 @@ pub fn listen(ctx: &Ctx) -> ([u8; 128], *mut c_void) {
 pub fn connect_once(ctx: &Ctx, h: &mut [u8; 128]) -> (i32, *mut c_void) {
     let mut sc = std::ptr::null_mut();
     let mut dc = std::ptr::null_mut();
+    // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles it
+    // returned; the buffers are this test's and outlive their requests (the test waits for them or
+    // closes the comm first).
     let r = unsafe { t().connect.unwrap()(ctx.0, 0, h.as_mut_ptr() as *mut c_void, &mut sc, &mut dc) };
     (r, sc)
 }
@@ -40,6 +49,9 @@ pub fn connect_once(ctx: &Ctx, h: &mut [u8; 128]) -> (i32, *mut c_void) {
 pub fn accept_once(lc: *mut c_void) -> (i32, *mut c_void) {
     let mut rc = std::ptr::null_mut();
     let mut dc = std::ptr::null_mut();
+    // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles it
+    // returned; the buffers are this test's and outlive their requests (the test waits for them or
+    // closes the comm first).
     let r = unsafe { t().accept.unwrap()(lc, &mut rc, &mut dc) };
     (r, rc)
 }
@@ -68,6 +80,9 @@ pub fn pair(ctx: &Ctx, h: &mut [u8; 128], lc: *mut c_void) -> (*mut c_void, *mut
 /// needs the keys). The handle is kept for the life of the test process, like NCCL's buffers.
 pub fn reg(comm: *mut c_void, p: *const u8, len: usize) -> *mut c_void {
     let mut mh = std::ptr::null_mut();
+    // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles it
+    // returned; the buffers are this test's and outlive their requests (the test waits for them or
+    // closes the comm first).
     let r = unsafe { t().regMr.unwrap()(comm, p as *mut c_void, len, NCCL_PTR_HOST, &mut mh) };
     assert_eq!(r, 0, "regMr failed");
     mh
@@ -80,6 +95,9 @@ pub fn try_isend(sc: *mut c_void, buf: &[u8], tag: i32, wait: Duration) -> *mut 
     let deadline = Instant::now() + wait;
     loop {
         let mut req = std::ptr::null_mut();
+        // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles
+        // it returned; the buffers are this test's and outlive their requests (the test waits for
+        // them or closes the comm first).
         let r = unsafe { t().isend.unwrap()(sc, buf.as_ptr() as *mut c_void, buf.len(), tag, mh, std::ptr::null_mut(), &mut req) };
         assert_eq!(r, 0, "isend failed");
         if !req.is_null() || Instant::now() >= deadline {
@@ -102,6 +120,9 @@ pub fn irecv(rc: *mut c_void, buf: &mut [u8], tag: i32) -> *mut c_void {
         let mut size = buf.len();
         let mut tg = tag;
         let mut mh = reg(rc, buf.as_ptr(), buf.len());
+        // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles
+        // it returned; the buffers are this test's and outlive their requests (the test waits for
+        // them or closes the comm first).
         let r = unsafe {
             t().irecv.unwrap()(rc, 1, &mut data, &mut size, &mut tg, &mut mh, std::ptr::null_mut(), &mut req)
         };
@@ -123,6 +144,9 @@ pub fn wait(reqs: &[*mut c_void]) -> Result<Vec<i32>, i32> {
                 continue;
             }
             let (mut done, mut sz) = (0, 0);
+            // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and
+            // handles it returned; the buffers are this test's and outlive their requests (the test
+            // waits for them or closes the comm first).
             let res = unsafe { t().test.unwrap()(*r, &mut done, &mut sz) };
             if res != 0 {
                 return Err(res);
@@ -156,6 +180,9 @@ pub fn one_transfer(n: usize) {
 }
 
 pub fn close(sc: *mut c_void, rc: *mut c_void, lc: *mut c_void) {
+    // SAFETY: rivet's v12 table, called as NCCL calls it, with live out-parameters and handles it
+    // returned; the buffers are this test's and outlive their requests (the test waits for them or
+    // closes the comm first).
     unsafe {
         assert_eq!(t().closeSend.unwrap()(sc), 0);
         assert_eq!(t().closeRecv.unwrap()(rc), 0);
