@@ -1,7 +1,6 @@
 //! The library's error type: a kind that maps onto `ncclResult_t` plus a message that says what
 //! happened and, where we know it, how to fix it.
 
-use crate::abi::types::*;
 use std::fmt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,15 +47,6 @@ impl Error {
     /// A syscall failure with errno text.
     pub fn os(what: impl fmt::Display, err: std::io::Error) -> Self {
         Self::system(format!("{what}: {err}"))
-    }
-    pub fn code(&self) -> ncclResult_t {
-        match self.kind {
-            Kind::System => NCCL_SYSTEM_ERROR,
-            Kind::Remote => NCCL_REMOTE_ERROR,
-            Kind::InvalidUsage => NCCL_INVALID_USAGE,
-            Kind::Internal => NCCL_INTERNAL_ERROR,
-            Kind::InvalidArgument => NCCL_INVALID_ARGUMENT,
-        }
     }
 }
 

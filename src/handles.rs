@@ -154,8 +154,9 @@ impl<T> Table<T> {
         c.get(index as usize % CHUNK)
     }
 
-    /// Store `v`; the token names it as `kind` until `remove`. None when the table is full.
-    pub fn insert(&self, kind: Kind, v: T) -> Option<Token> {
+    /// Store `v`; the token names it as `kind` until `remove`. When the table is full, `v` comes
+    /// back (for its owner to release what it holds, and say so).
+    pub fn insert(&self, kind: Kind, v: T) -> Result<Token, T> {
         let index = {
             let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
             match f.0.pop() {
@@ -164,7 +165,7 @@ impl<T> Table<T> {
                     f.1 += 1;
                     f.1 - 1
                 }
-                None => return None,
+                None => return Err(v),
             }
         };
         let chunk = self.chunks[index as usize / CHUNK].get_or_init(|| {
@@ -174,7 +175,7 @@ impl<T> Table<T> {
         let mut g = slot.val.lock().unwrap_or_else(|p| p.into_inner());
         *g = Some(v);
         let gen = slot.gen.load(Ordering::Acquire) & GEN_MASK;
-        Some(Token { kind, index, gen, req: 0 })
+        Ok(Token { kind, index, gen, req: 0 })
     }
 
     fn check(&self, t: Token) -> Result<&Slot<T>, Stale> {
@@ -251,12 +252,12 @@ mod tests {
     #[test]
     fn a_removed_object_is_stale_and_its_slot_reused_with_a_new_generation() {
         let t: Table<String> = Table::new();
-        let a = t.insert(Kind::SendComm, "a".into()).unwrap();
+        let a = t.insert(Kind::SendComm, "a".into()).ok().unwrap();
         assert_eq!(&*t.get(a).unwrap(), "a");
         assert_eq!(t.remove(a).unwrap(), "a");
         assert_eq!(t.get(a).err(), Some(Stale::Closed));
         assert_eq!(t.remove(a).err(), Some(Stale::Closed));
-        let b = t.insert(Kind::SendComm, "b".into()).unwrap();
+        let b = t.insert(Kind::SendComm, "b".into()).ok().unwrap();
         assert_ne!(a, b, "the slot is reused with another generation");
         assert_eq!(t.get(a).err(), Some(Stale::Closed));
         assert_eq!(&*t.get(b).unwrap(), "b");
@@ -267,7 +268,7 @@ mod tests {
     #[test]
     fn try_get_does_not_wait() {
         let t: Table<u32> = Table::new();
-        let a = t.insert(Kind::Mr, 7).unwrap();
+        let a = t.insert(Kind::Mr, 7).ok().unwrap();
         let g = t.get(a).unwrap();
         assert!(t.try_get(a).is_none());
         drop(g);

@@ -76,14 +76,14 @@ pub unsafe extern "C" fn reg_mr_int(comm: *mut c_void, data: *mut c_void, size: 
     boundary("regMr", || {
         let size = usize::try_from(size).map_err(|_| Error::arg(format!("regMr with negative size {size}")))?;
         super::ffi::nonnull(mh, "mhandle")?;
-        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty, None)?)
+        out(mh, "mhandle", plugin::reg_mr(comm, data, size, mem_kind(ty)?, None)?)
     })
 }
 
 pub unsafe extern "C" fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ty: c_int, mh: *mut *mut c_void) -> ncclResult_t {
     boundary("regMr", || {
         super::ffi::nonnull(mh, "mhandle")?;
-        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty, None)?)
+        out(mh, "mhandle", plugin::reg_mr(comm, data, size, mem_kind(ty)?, None)?)
     })
 }
 
@@ -99,7 +99,7 @@ pub unsafe extern "C" fn reg_mr_dmabuf(
 ) -> ncclResult_t {
     boundary("regMrDmaBuf", || {
         super::ffi::nonnull(mh, "mhandle")?;
-        out(mh, "mhandle", plugin::reg_mr(comm, data, size, ty, Some((offset, fd)))?)
+        out(mh, "mhandle", plugin::reg_mr(comm, data, size, mem_kind(ty)?, Some((offset, fd)))?)
     })
 }
 
@@ -237,7 +237,29 @@ pub unsafe extern "C" fn finalize(ctx: *mut c_void) -> ncclResult_t {
 }
 
 
-/// Properties shared by the v6 … v12 layouts, filled from the core's [`plugin::Props`].
+/// Properties shared by the v6 … v12 layouts: the core's [`plugin::Props`], which each version's
+/// `getProperties` fills its struct from (with [`ptr_flags`] and the ABI's size limits).
 pub fn props(dev: c_int) -> Result<plugin::Props> {
     plugin::properties(dev)
+}
+
+/// `ptrSupport`: NCCL_PTR_HOST always, CUDA and DMABUF as the device takes them.
+pub fn ptr_flags(p: plugin::PtrSupport) -> c_int {
+    NCCL_PTR_HOST | if p.cuda { NCCL_PTR_CUDA } else { 0 } | if p.dmabuf { NCCL_PTR_DMABUF } else { 0 }
+}
+
+/// `init` for every version: NCCL's logger first, so that everything after it logs through NCCL.
+pub fn start(logger: ncclDebugLogger_t, abi: u32) -> Result<()> {
+    super::logger::install(logger);
+    plugin::init(abi)
+}
+
+/// The memory kind of a `regMr` pointer type.
+fn mem_kind(ty: c_int) -> Result<plugin::MemKind> {
+    match ty {
+        NCCL_PTR_HOST => Ok(plugin::MemKind::Host),
+        NCCL_PTR_CUDA => Ok(plugin::MemKind::Cuda),
+        NCCL_PTR_DMABUF => Ok(plugin::MemKind::DmaBuf),
+        _ => Err(Error::arg(format!("regMr with unknown pointer type {ty:#x} (NCCL_PTR_HOST=1, CUDA=2, DMABUF=4)"))),
+    }
 }

@@ -3,7 +3,7 @@
 //! logger (or stderr outside NCCL).
 
 use crate::abi::types::*;
-use crate::error::{Error, Result};
+use crate::error::{Error, Kind, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Run `f`, never letting a panic cross into C. `what` names the entry point for the log line.
@@ -12,7 +12,7 @@ pub fn boundary(what: &str, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
         Ok(Ok(())) => NCCL_SUCCESS,
         Ok(Err(e)) => {
             log::warn!("NET/rivet: {what}: {e}");
-            e.code()
+            code(&e)
         }
         Err(p) => {
             let msg = p
@@ -23,6 +23,17 @@ pub fn boundary(what: &str, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
             log::warn!("NET/rivet: {what}: internal error (panic caught at the plugin boundary): {msg}");
             NCCL_INTERNAL_ERROR
         }
+    }
+}
+
+/// The `ncclResult_t` of an error's kind.
+pub fn code(e: &Error) -> ncclResult_t {
+    match e.kind {
+        Kind::System => NCCL_SYSTEM_ERROR,
+        Kind::Remote => NCCL_REMOTE_ERROR,
+        Kind::InvalidUsage => NCCL_INVALID_USAGE,
+        Kind::Internal => NCCL_INTERNAL_ERROR,
+        Kind::InvalidArgument => NCCL_INVALID_ARGUMENT,
     }
 }
 

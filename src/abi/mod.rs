@@ -1,5 +1,5 @@
 //! The exported `ncclNetPlugin_v6` … `ncclNetPlugin_v12` tables: thin shims that convert each
-//! version's argument types and call the version-independent core in `plugin.rs`, every one
+//! version's argument types and call the version-independent core in `plugin/`, every one
 //! through the single FFI boundary in [`ffi`].
 
 // Every `unsafe extern "C"` entry point's safety contract is the ncclNet ABI itself (the
@@ -8,6 +8,7 @@
 
 pub mod common;
 pub mod ffi;
+pub mod logger;
 pub mod types;
 pub mod v10;
 pub mod v11;

@@ -35,6 +35,7 @@ pub const NCCL_PTR_DMABUF: c_int = 0x4;
 
 pub const NCCL_NET_HANDLE_MAXSIZE: usize = 128;
 pub const NCCL_NET_MAX_REQUESTS: usize = 32;
+const _: () = assert!(NCCL_NET_MAX_REQUESTS == crate::proto::NCCL_INFLIGHT);
 pub const NCCL_NET_OPTIONAL_RECV_COMPLETION: usize = 0x1;
 pub const NCCL_MAX_NET_SIZE_BYTES: usize = 1 << 40;
 pub const MAX_NET_SIZE: usize = 1 << 30;

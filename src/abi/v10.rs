@@ -3,12 +3,11 @@
 use super::common::*;
 use super::ffi::boundary;
 use super::types::*;
-use crate::plugin;
 use std::ffi::c_int;
 use std::ffi::c_void;
 
 unsafe extern "C" fn init(logger: ncclDebugLogger_t, _prof: ncclProfilerCallback_t) -> ncclResult_t {
-    boundary("init", || plugin::init(logger, 10))
+    boundary("init", || start(logger, 10))
 }
 
 /// The traffic class in `config` is a hint for RDMA; TCP ignores it.

@@ -17,7 +17,7 @@ unsafe extern "C" fn init(
 ) -> ncclResult_t {
     boundary("init", || {
         nonnull(ctx, "ctx")?;
-        plugin::init(logger, 12)?;
+        start(logger, 12)?;
         // SAFETY: a non-NULL config is NCCL's ncclNetCommConfig_t for this communicator.
         let tc = if config.is_null() { -1 } else { unsafe { (*config).trafficClass } };
         let c = plugin::ctx_new(comm_id, tc)?;
@@ -36,9 +36,9 @@ unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v12_t)
             name: c.name,
             pciPath: c.pci_path,
             guid: c.guid,
-            ptrSupport: c.ptr_support,
-            regIsGlobal: c.reg_is_global,
-            forceFlush: c.force_flush,
+            ptrSupport: ptr_flags(c.ptr),
+            regIsGlobal: c.reg_is_global as c_int,
+            forceFlush: c.force_flush as c_int,
             speed: c.speed,
             port: c.port,
             latency: c.latency,
@@ -47,8 +47,8 @@ unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v12_t)
             netDeviceType: NCCL_NET_DEVICE_HOST,
             netDeviceVersion: 0,
             vProps: ncclNetVDeviceProps_v12_t { ndevs: 1, devs: { let mut d = [0; 8]; d[0] = dev; d } },
-            maxP2pBytes: c.max_p2p_bytes,
-            maxCollBytes: c.max_coll_bytes,
+            maxP2pBytes: NCCL_MAX_NET_SIZE_BYTES,
+            maxCollBytes: MAX_COLLNET_SIZE,
             maxMultiRequestSize: 1,
             railId: NCCL_NET_ID_UNDEF,
             planeId: NCCL_NET_ID_UNDEF,

@@ -3,11 +3,10 @@
 use super::common::*;
 use super::ffi::{boundary, nonnull};
 use super::types::*;
-use crate::plugin;
 use std::ffi::c_int;
 
 unsafe extern "C" fn init(logger: ncclDebugLogger_t) -> ncclResult_t {
-    boundary("init", || plugin::init(logger, 6))
+    boundary("init", || start(logger, 6))
 }
 
 unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v6_t) -> ncclResult_t {
@@ -19,7 +18,7 @@ unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v6_t) 
             name: c.name,
             pciPath: c.pci_path,
             guid: c.guid,
-            ptrSupport: c.ptr_support,
+            ptrSupport: ptr_flags(c.ptr),
             speed: c.speed,
             port: c.port,
             latency: c.latency,

@@ -3,11 +3,10 @@
 use super::common::*;
 use super::ffi::{boundary, nonnull};
 use super::types::*;
-use crate::plugin;
 use std::ffi::c_int;
 
 unsafe extern "C" fn init(logger: ncclDebugLogger_t) -> ncclResult_t {
-    boundary("init", || plugin::init(logger, 8))
+    boundary("init", || start(logger, 8))
 }
 
 unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v8_t) -> ncclResult_t {
@@ -19,8 +18,8 @@ unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v8_t) 
             name: c.name,
             pciPath: c.pci_path,
             guid: c.guid,
-            ptrSupport: c.ptr_support,
-            regIsGlobal: c.reg_is_global,
+            ptrSupport: ptr_flags(c.ptr),
+            regIsGlobal: c.reg_is_global as c_int,
             speed: c.speed,
             port: c.port,
             latency: c.latency,

@@ -3,11 +3,10 @@
 use super::common::*;
 use super::ffi::{boundary, nonnull};
 use super::types::*;
-use crate::plugin;
 use std::ffi::c_int;
 
 unsafe extern "C" fn init(logger: ncclDebugLogger_t) -> ncclResult_t {
-    boundary("init", || plugin::init(logger, 9))
+    boundary("init", || start(logger, 9))
 }
 
 /// Also the v10 getProperties (identical layout).
@@ -20,9 +19,9 @@ pub(super) unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProper
             name: c.name,
             pciPath: c.pci_path,
             guid: c.guid,
-            ptrSupport: c.ptr_support,
-            regIsGlobal: c.reg_is_global,
-            forceFlush: c.force_flush,
+            ptrSupport: ptr_flags(c.ptr),
+            regIsGlobal: c.reg_is_global as c_int,
+            forceFlush: c.force_flush as c_int,
             speed: c.speed,
             port: c.port,
             latency: c.latency,
@@ -31,8 +30,8 @@ pub(super) unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProper
             netDeviceType: NCCL_NET_DEVICE_HOST,
             netDeviceVersion: 0,
             vProps: ncclNetVDeviceProps_v9_t { ndevs: 1, devs: { let mut d = [0; 4]; d[0] = dev; d } },
-            maxP2pBytes: c.max_p2p_bytes,
-            maxCollBytes: c.max_coll_bytes,
+            maxP2pBytes: NCCL_MAX_NET_SIZE_BYTES,
+            maxCollBytes: MAX_COLLNET_SIZE,
         };
         Ok(())
     })

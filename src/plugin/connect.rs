@@ -6,41 +6,38 @@ use super::*;
 
 pub struct ListenComm {
     dev: i32,
-    listener: Listener,
-    /// RDMA setups of connections whose TCP handshake is done.
-    setups: Vec<Setup>,
+    listening: Box<dyn Listening>,
 }
 
-fn transport_of(d: &Device) -> u8 {
-    if d.ib.is_some() {
-        proto::TRANSPORT_VERBS
+/// A connect in progress, kept between NCCL's calls: NCCL holds its pointer and a cookie in its
+/// handle buffer, checked against [`STAGES`] before use.
+pub(super) struct Stage(Box<dyn Dialing>);
+
+// The connect stages live: pointer and cookie.
+static STAGES: Mutex<Option<HashMap<usize, u64>>> = Mutex::new(None);
+
+fn stages() -> MutexGuard<'static, Option<HashMap<usize, u64>>> {
+    STAGES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn stage_register(p: usize, cookie: u64) {
+    stages().get_or_insert_with(HashMap::new).insert(p, cookie);
+}
+
+/// Remove stage `p` if it is live with `cookie`.
+fn stage_unregister(p: usize, cookie: u64) -> bool {
+    let mut g = stages();
+    let m = g.get_or_insert_with(HashMap::new);
+    if m.get(&p) == Some(&cookie) {
+        m.remove(&p);
+        true
     } else {
-        proto::TRANSPORT_SOCKET
+        false
     }
 }
 
-fn transport_name(t: u8) -> &'static str {
-    match t {
-        proto::TRANSPORT_SOCKET => "TCP",
-        proto::TRANSPORT_VERBS => "RDMA verbs",
-        _ => "unknown",
-    }
-}
-
-fn socket_send(link: Link) -> Box<dyn Conn> {
-    log::info!("NET/rivet: connected to {} over TCP with {} stream(s)", link.peer, link.fds.len());
-    Box::new(SendConn::new(link.fds, link.peer, link.min_chunk))
-}
-
-fn socket_recv(link: Link) -> Box<dyn Conn> {
-    log::info!("NET/rivet: accepted a TCP connection from {} with {} stream(s)", link.peer, link.fds.len());
-    Box::new(RecvConn::new(link.fds, link.peer, link.min_chunk))
-}
-
-/// A connect in progress, kept between NCCL's calls.
-pub(super) enum Stage {
-    Tcp(Connector),
-    Verbs(Box<Setup>),
+fn stage_live(p: usize, cookie: u64) -> bool {
+    stages().as_ref().and_then(|m| m.get(&p)).copied() == Some(cookie)
 }
 
 /// # Safety
@@ -112,11 +109,11 @@ pub unsafe fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
     let d = device(dev)?;
     // SAFETY: the caller's promise.
     let buf = unsafe { handle_buf(handle)? };
-    let (l, h) = Listener::new(&d.iface, transport_of(d), config::get().timeout())?;
+    let (listening, h) = d.listen()?;
     h.encode(buf);
-    log::trace!("NET/rivet: listening on {} (dev {dev})", l.addr);
-    let lc = ListenComm { dev, listener: l, setups: Vec::new() };
-    Ok(LISTENS.insert(Kind::Listen, lc).ok_or_else(|| full("listen comm"))?.to_ptr())
+    log::trace!("NET/rivet: listening on {} (dev {dev})", h.addr);
+    let lc = ListenComm { dev, listening };
+    Ok(LISTENS.insert(Kind::Listen, lc).map_err(|_| full("listen comm"))?.to_ptr())
 }
 
 /// Non-blocking connect: Ok(null) until the connection is up; NCCL calls again with the same handle.
@@ -152,17 +149,15 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
         }
         sp as *mut Stage
     } else {
-        if h.transport != transport_of(d) {
+        if h.transport != d.wire() {
             return Err(Error::usage(format!(
                 "connect: the peer listens with the {} transport but device {dev} here uses {}: every rank must see the same kind of network (set NCCL_IB_DISABLE=1 everywhere to use TCP)",
-                transport_name(h.transport),
-                transport_name(transport_of(d))
+                transport::wire_name(h.transport),
+                transport::wire_name(d.wire())
             )));
         }
-        let cfg = config::get();
-        let nstreams = if d.ib.is_some() { 1 } else { cfg.socket_nstreams };
-        let c = Connector::new(&h, nstreams, cfg.socket_min_chunk, cfg.timeout())?;
-        let p = Box::into_raw(Box::new(Stage::Tcp(c)));
+        let c = d.connect(&h, traffic_class)?;
+        let p = Box::into_raw(Box::new(Stage(c)));
         let cookie = socket::random_u64();
         stage_register(p as usize, cookie);
         proto::stage_set(buf, p as u64, cookie);
@@ -172,18 +167,7 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
     // SAFETY: the stage is live (just created, or found registered with its cookie), and only
     // connect calls, which all hold CONNECTING's lock (`g`), use or free it.
     let stage = unsafe { &mut *conn_ptr };
-    let r = (|| loop {
-        match stage {
-            Stage::Tcp(c) => match c.poll()? {
-                None => return Ok(None),
-                Some(link) => match &d.ib {
-                    None => return Ok(Some(socket_send(link))),
-                    Some(port) => *stage = Stage::Verbs(Box::new(Setup::connector(port, link, traffic_class)?)),
-                },
-            },
-            Stage::Verbs(s) => return s.poll(),
-        }
-    })();
+    let r = stage.0.poll();
     let mut finish = |buf: &mut [u8; HANDLE_SIZE]| {
         let (_, cookie) = proto::stage_get(buf);
         stage_unregister(conn_ptr as usize, cookie);
@@ -211,27 +195,10 @@ pub fn accept(lc: *mut c_void) -> Result<*mut c_void> {
     let t = Token::from_ptr(lc).filter(|t| t.kind == Kind::Listen).ok_or_else(|| Error::internal(format!("unknown listen comm {lc:p}")))?;
     let mut g = LISTENS.get(t).map_err(|e| stale("listen comm", lc, e))?;
     let dev = g.dev;
-    let d = device(dev)?;
-    while let Some(link) = g.listener.accept()? {
-        match &d.ib {
-            None => return Comm::open(dev, socket_recv(link), false),
-            Some(port) => g.setups.push(Setup::acceptor(port, link)),
-        }
+    match g.listening.accept()? {
+        Some(conn) => Comm::open(dev, conn, false),
+        None => Ok(std::ptr::null_mut()),
     }
-    for i in 0..g.setups.len() {
-        match g.setups[i].poll() {
-            Ok(None) => {}
-            Ok(Some(conn)) => {
-                g.setups.swap_remove(i);
-                return Comm::open(dev, conn, false);
-            }
-            Err(e) => {
-                g.setups.swap_remove(i);
-                return Err(e);
-            }
-        }
-    }
-    Ok(std::ptr::null_mut())
 }
 
 pub fn close_listen(lc: *mut c_void) -> Result<()> {

@@ -9,32 +9,26 @@ mod devices;
 mod mr;
 
 pub use connect::{accept, close_listen, connect, listen};
-pub use devices::{devices_table, init, ndevices, properties, Device, Devices, Props, VERSION};
-pub use mr::{dereg_mr, reg_mr, Mr};
+pub use devices::{devices_table, init, ndevices, properties, Props, VERSION};
+pub use mr::{dereg_mr, reg_mr, MemKind, Mr};
+pub use crate::transport::{Devices, PtrSupport};
 use connect::ListenComm;
 use devices::device;
-use mr::topology;
-use crate::transport::verbs::reg::{access_for, VerbsRegistrar};
 
-use crate::abi::types::*;
 use crate::config;
-use crate::gpu::cuda;
 use crate::error::{Error, Result};
-use crate::log::INIT;
-use crate::gpu::gdr;
-use crate::topo::Topology;
-use crate::proto::{self, Handle, HANDLE_SIZE};
-use crate::transport::socket::{self, ifaces, Connector, Link, Listener, RecvConn, SendConn};
-use crate::transport::verbs::dev::IbPort;
-use crate::transport::verbs::{self, Setup};
-use crate::gpu::staging::{NoRegistration, Registrar, Staged};
-use crate::transport::{Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
+use crate::gpu::staging::Staged;
+use crate::gpu::{cuda, gdr};
 use crate::handles::{Guard, Kind, Stale, Table, Token, MAX_REQUESTS};
+use crate::log::INIT;
+use crate::proto::{self, Handle, HANDLE_SIZE};
+use crate::transport::{self, socket, Conn, Dialing, GpuRoute, Listening, MrInfo, Path, RecvBuf, Registered, Registration, Transport, MAX_RECVS};
 use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
-use std::ffi::{c_char, c_void, CString};
+use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
 // ---------------------------------------------------------------------------------------------
 // Handles. Every object handed to NCCL lives in a table of its kind and is named by a token (see
 // `handles`): a stale or foreign handle is an error, found without reading through it.
@@ -64,34 +58,6 @@ fn full(what: &str) -> Error {
     Error::internal(format!("too many open {what}s"))
 }
 
-// The connect stages NCCL keeps in its handle buffer between calls: a pointer and a cookie,
-// checked here before use.
-static STAGES: Mutex<Option<HashMap<usize, u64>>> = Mutex::new(None);
-
-fn stages() -> MutexGuard<'static, Option<HashMap<usize, u64>>> {
-    STAGES.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn stage_register(p: usize, cookie: u64) {
-    stages().get_or_insert_with(HashMap::new).insert(p, cookie);
-}
-
-/// Remove stage `p` if it is live with `cookie`.
-fn stage_unregister(p: usize, cookie: u64) -> bool {
-    let mut g = stages();
-    let m = g.get_or_insert_with(HashMap::new);
-    if m.get(&p) == Some(&cookie) {
-        m.remove(&p);
-        true
-    } else {
-        false
-    }
-}
-
-fn stage_live(p: usize, cookie: u64) -> bool {
-    stages().as_ref().and_then(|m| m.get(&p)).copied() == Some(cookie)
-}
-
 // ---------------------------------------------------------------------------------------------
 // Contexts (v11/v12: one per NCCL communicator).
 
@@ -103,7 +69,7 @@ pub struct Ctx {
 static NCTX: AtomicU32 = AtomicU32::new(0);
 
 pub fn ctx_new(comm_id: u64, traffic_class: i32) -> Result<*mut c_void> {
-    let p = CTXS.insert(Kind::Ctx, Ctx { comm_id, traffic_class }).ok_or_else(|| full("context"))?.to_ptr();
+    let p = CTXS.insert(Kind::Ctx, Ctx { comm_id, traffic_class }).map_err(|_| full("context"))?.to_ptr();
     let n = NCTX.fetch_add(1, Ordering::Relaxed) + 1;
     log::trace!("NET/rivet: context {p:p} for communicator {comm_id:#x} ({n} open)");
     Ok(p)
@@ -142,22 +108,14 @@ pub struct Comm {
 
 impl Comm {
     fn open(dev: i32, conn: Box<dyn Conn>, send: bool) -> Result<*mut c_void> {
-        let d = device(dev).ok();
-        let registrar: Box<dyn Registrar> = match d.and_then(|d| d.ib.as_ref()) {
-            Some(port) => Box::new(VerbsRegistrar { port, access: access_for(send) }),
-            None => Box::new(NoRegistration),
-        };
-        let label = format!(
-            "{} comm on dev {dev} ({})",
-            if send { "send" } else { "recv" },
-            d.map(|d| d.name.to_string_lossy().into_owned()).unwrap_or_default()
-        );
-        let conn = Staged::new(conn, send, label, registrar);
+        let d = device(dev)?;
+        let label = format!("{} comm on dev {dev} ({})", if send { "send" } else { "recv" }, d.info().name.to_string_lossy());
+        let conn = Staged::new(conn, send, label, d.registrar(send));
         if conn.capacity() > MAX_REQUESTS {
             return Err(Error::internal(format!("a comm with {} request slots (at most {MAX_REQUESTS})", conn.capacity())));
         }
         let kind = if send { Kind::SendComm } else { Kind::RecvComm };
-        Ok(COMMS.insert(kind, Comm { send, dev, conn }).ok_or_else(|| full("comm"))?.to_ptr())
+        Ok(COMMS.insert(kind, Comm { send, dev, conn }).map_err(|_| full("comm"))?.to_ptr())
     }
 }
 

@@ -11,7 +11,7 @@ use super::ProtoError;
 use std::collections::VecDeque;
 
 /// Receive request slots per connection (NCCL keeps at most 32 in flight per comm).
-pub const RECV_REQS: usize = 32;
+pub const RECV_REQS: usize = crate::proto::NCCL_INFLIGHT;
 /// Flush request slots, after the receive ones.
 pub const FLUSH_REQS: usize = 32;
 

@@ -12,7 +12,7 @@ use super::ProtoError;
 use std::collections::VecDeque;
 
 /// Send request slots per connection (NCCL's 32 requests, each up to a full grouped receive).
-pub const SEND_REQS: usize = 32 * MAX_GROUP;
+pub const SEND_REQS: usize = crate::proto::NCCL_INFLIGHT * MAX_GROUP;
 /// Header buffers for header-only announcements, after the per-request ones.
 pub const RTS_HDRS: usize = 16;
 /// Clear-to-send groups read out of the FIFO and not yet used up (the receiver has at most its

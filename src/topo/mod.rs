@@ -182,6 +182,12 @@ impl Topology {
         crate::config::sysfs_root()
     }
 
+    /// This machine's topology, probed once per process (at [`Topology::default_root`]).
+    pub fn machine() -> &'static Topology {
+        static T: std::sync::OnceLock<Topology> = std::sync::OnceLock::new();
+        T.get_or_init(|| Topology::probe(&Topology::default_root()))
+    }
+
     /// The PCI function with this bus id (as CUDA reports it: "00000000:18:00.0", "0000:18:00.0"
     /// or "18:00.0", any case), whether or not it was recognized as a GPU.
     pub fn pci(&self, bus_id: &str) -> Option<PciDev> {

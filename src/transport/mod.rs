@@ -1,10 +1,122 @@
-//! What the version-independent core asks of a transport's connection: the TCP transport and the
-//! RDMA verbs transport sit behind the same trait.
+//! The seam between the version-independent core and a network: a [`Transport`] is one device
+//! NCCL sees, owning its properties, listen / connect / accept, and memory registration; a
+//! [`Conn`] is one connected comm's data path. The TCP transport (`socket`) and the RDMA verbs
+//! transport (`verbs`) implement both; [`discover`] picks which one a host uses.
 
+pub mod discover;
 pub mod socket;
 pub mod verbs;
 
+pub use discover::{discover, Devices};
+
 use crate::error::{Error, Result};
+use crate::gpu::{cuda, gdr, staging::Registrar};
+use crate::proto::Handle;
+use std::ffi::CString;
+
+/// What a device reports of itself (the transport-independent part of `getProperties`).
+#[derive(Debug, Clone)]
+pub struct DevInfo {
+    pub name: CString,
+    pub pci_path: Option<CString>,
+    pub guid: u64,
+    /// Mb/s.
+    pub speed: i32,
+    pub port: i32,
+    /// How many comms the device can hold at once.
+    pub max_comms: i32,
+    /// The IP interface connection setup runs over (the device itself, for TCP).
+    pub iface: String,
+    pub addr: std::net::IpAddr,
+}
+
+/// The buffer kinds a device takes besides host memory (`ptrSupport`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PtrSupport {
+    /// `cudaMalloc` memory, registered by address.
+    pub cuda: bool,
+    /// GPU memory registered through a dma-buf file descriptor.
+    pub dmabuf: bool,
+}
+
+/// How GPU buffers travel on a device, before any decision for a particular GPU.
+#[derive(Debug, Clone)]
+pub enum GpuRoute {
+    /// Decide GPUDirect RDMA on these facts; staging where it is refused or its registration fails.
+    Gdr(gdr::Facts),
+    /// Through the staging engine's host bounce buffers, for this reason (it goes to the log).
+    Staging(String),
+}
+
+/// A registration a memory handle owns, given back at `deregMr`.
+pub trait Registration: Send + Sync {
+    fn release(self: Box<Self>) -> Result<()>;
+}
+
+/// A registration made by a transport: the data path's view of it, and what it owns (None when
+/// nothing needs releasing, as on TCP).
+pub struct Registered {
+    pub info: MrInfo,
+    pub owner: Option<Box<dyn Registration>>,
+}
+
+/// One network device: everything the core asks of a transport besides the data path.
+/// Devices live for the whole process (the device table is built once), so connections and
+/// registrations may borrow them for `'static`.
+pub trait Transport: Send + Sync {
+    /// Name, PCI path, speed and limits.
+    fn info(&self) -> &DevInfo;
+    /// The transport's id in listen handles (`proto::TRANSPORT_*`): both ends must use the same.
+    fn wire(&self) -> u8;
+    /// The device as the start-up banner describes it (after "device N: "): address, speed,
+    /// PCI path, and what matters for choosing a data path.
+    fn describe(&self) -> String;
+    /// Which buffer kinds NCCL may pass.
+    fn ptr_support(&self) -> PtrSupport;
+    /// Listen for connections; the handle goes to the connecting peer through NCCL.
+    fn listen(&'static self) -> Result<(Box<dyn Listening>, Handle)>;
+    /// Start connecting to the listener behind `peer` (its transport already checked to be this
+    /// one's). `traffic_class` is the communicator's (v11+).
+    fn connect(&'static self, peer: &Handle, traffic_class: Option<u8>) -> Result<Box<dyn Dialing>>;
+    /// Register host memory for a send (`send`) or receive comm.
+    fn register(&'static self, addr: usize, len: usize, send: bool) -> Result<Registered>;
+    /// How buffers of the GPU `pi` travel; `via` says how NCCL registers them. An error refuses
+    /// GPU memory on this device, saying why.
+    fn gpu_route(&'static self, pi: &cuda::PtrInfo, via: gdr::Via) -> Result<GpuRoute>;
+    /// Register GPU memory for GPUDirect RDMA (by address, or by dma-buf: offset and fd). Only
+    /// called where [`gpu_route`](Transport::gpu_route) answered `Gdr`.
+    fn register_gpu(&'static self, _addr: usize, _len: usize, _send: bool, _dmabuf: Option<(u64, i32)>) -> Result<Registered> {
+        Err(Error::internal(format!("{}: GPUDirect registration on a transport without it", self.info().name.to_string_lossy())))
+    }
+    /// What a staged comm registers its bounce buffers with.
+    fn registrar(&'static self, send: bool) -> Box<dyn Registrar>;
+}
+
+/// A listening comm's transport side.
+pub trait Listening: Send {
+    /// Non-blocking: a receive comm once a connection has fully arrived.
+    fn accept(&mut self) -> Result<Option<Box<dyn Conn>>>;
+}
+
+/// A connect in progress, kept between NCCL's calls.
+pub trait Dialing: Send {
+    /// Non-blocking: the send comm once the connection is up.
+    fn poll(&mut self) -> Result<Option<Box<dyn Conn>>>;
+}
+
+/// A device's PCI path for the log ("none (virtual)" without one).
+pub(crate) fn pci_text(d: &DevInfo) -> String {
+    d.pci_path.as_ref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|| "none (virtual)".into())
+}
+
+/// The name of a transport id found in a handle.
+pub fn wire_name(t: u8) -> &'static str {
+    match t {
+        crate::proto::TRANSPORT_SOCKET => "TCP",
+        crate::proto::TRANSPORT_VERBS => "RDMA verbs",
+        _ => "unknown",
+    }
+}
 
 /// A memory registration as the data path sees it (from the handle `regMr` returned).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -175,7 +175,7 @@ impl Ring {
                 "RANK #  Rank {rank:2} Group {:2} Pid {:6} on {:>10} device {dev:2} {bus} {} ({transport})",
                 0,
                 std::process::id(),
-                hostname(),
+                nccl_net_rivet::log::hostname(),
                 crate::net::cstr(p.name)
             );
         }
@@ -250,16 +250,4 @@ impl Drop for Ring {
     fn drop(&mut self) {
         self.close();
     }
-}
-
-/// This host's name, as nccl-tests prints it.
-fn hostname() -> String {
-    let mut b = [0u8; 256];
-    // SAFETY: gethostname writes at most b.len() bytes into b.
-    // SAFETY: gethostname writes at most `b.len()` bytes into the local buffer.
-    if unsafe { libc::gethostname(b.as_mut_ptr() as *mut std::ffi::c_char, b.len()) } != 0 {
-        return "?".into();
-    }
-    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).into_owned()
 }

@@ -15,8 +15,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Send slots: NCCL keeps up to 32 requests in flight, times maxRecvs on the send side.
-pub const SEND_SLOTS: usize = crate::abi::types::NCCL_NET_MAX_REQUESTS * MAX_RECVS;
-pub const RECV_SLOTS: usize = crate::abi::types::NCCL_NET_MAX_REQUESTS;
+pub const SEND_SLOTS: usize = crate::proto::NCCL_INFLIGHT * MAX_RECVS;
+pub const RECV_SLOTS: usize = crate::proto::NCCL_INFLIGHT;
 const MAX_IOV: usize = 16;
 
 /// A byte range still to move on one stream for one request slot.

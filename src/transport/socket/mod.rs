@@ -3,6 +3,7 @@
 //! `accept` never block; the data path is in [`conn`].
 
 pub mod conn;
+pub mod device;
 pub mod helper;
 pub mod ifaces;
 pub mod sock;
@@ -10,6 +11,7 @@ pub mod sock;
 use crate::error::{Error, Result};
 use crate::proto::{self, Handle, Hello, ACK_SIZE, HELLO_SIZE};
 pub use conn::{RecvConn, SendConn};
+pub use device::TcpDevice;
 use ifaces::Iface;
 use sock::Io;
 use std::net::SocketAddr;

@@ -8,6 +8,7 @@
 
 pub mod conn;
 pub mod dev;
+pub mod device;
 pub mod mr;
 pub mod oob;
 pub mod recv;
@@ -24,6 +25,7 @@ use crate::transport::socket::sock::{self, Io};
 use crate::transport::socket::Link;
 use crate::transport::Conn;
 use conn::Common;
+pub use device::VerbsDevice;
 use recv::VerbsRecv;
 use send::{Ring, VerbsSend};
 use dev::{mtu_bytes, IbPort};

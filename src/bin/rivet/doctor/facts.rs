@@ -81,7 +81,7 @@ impl Facts {
         let cfg: &Config = config::get();
         let topo = Topology::probe(&Topology::default_root());
         let net_devs = nccl_net_rivet::plugin::devices_table()
-            .map(|t| t.list.iter().map(|d| d.name.to_string_lossy().into_owned()).collect())
+            .map(|t| t.list.iter().map(|d| d.info().name.to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         let transport = match nccl_net_rivet::plugin::devices_table() {
             Ok(t) => match &t.no_rdma {
@@ -90,14 +90,14 @@ impl Facts {
                     format!(
                         "{} active port(s): {}",
                         t.list.len(),
-                        t.list.iter().map(|d| d.name.to_string_lossy().into_owned()).collect::<Vec<_>>().join(", ")
+                        t.list.iter().map(|d| d.info().name.to_string_lossy().into_owned()).collect::<Vec<_>>().join(", ")
                     ),
                 ),
                 Some(why) => (
                     t.transport.to_string(),
                     format!(
                         "RDMA not used: {why}; TCP on {}",
-                        t.list.iter().map(|d| format!("{} ({})", d.iface.name, d.iface.addr)).collect::<Vec<_>>().join(", ")
+                        t.list.iter().map(|d| format!("{} ({})", d.info().iface, d.info().addr)).collect::<Vec<_>>().join(", ")
                     ),
                 ),
             },

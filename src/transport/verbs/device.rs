@@ -1,0 +1,237 @@
+//! An RDMA port as a [`Transport`]: connection setup over an out-of-band TCP link, then the
+//! queue-pair exchange ([`Setup`]); registration through the device's MR cache, or by dma-buf;
+//! the facts GPUDirect RDMA is decided on.
+
+use super::dev::IbPort;
+use super::reg::{access_for, mr_info_of, verbs_register, verbs_release, VerbsRegistrar};
+use super::Setup;
+use crate::config;
+use crate::error::{Error, Result};
+use crate::gpu::staging::Registrar;
+use crate::gpu::{cuda, gdr};
+use crate::proto::{Handle, TRANSPORT_VERBS};
+use crate::topo::Topology;
+use crate::transport::socket::ifaces::Iface;
+use crate::transport::socket::{Connector, Listener};
+use crate::transport::{pci_text, Conn, DevInfo, Dialing, GpuRoute, Listening, Path, PtrSupport, Registered, Registration, Transport};
+use std::ffi::CString;
+
+pub struct VerbsDevice {
+    info: DevInfo,
+    port: IbPort,
+    /// The IP interface connection setup runs over.
+    oob: Iface,
+}
+
+impl VerbsDevice {
+    pub fn new(port: IbPort, oob: Iface) -> VerbsDevice {
+        let info = DevInfo {
+            name: CString::new(port.dev.name.clone()).unwrap_or_default(),
+            pci_path: port.dev.pci_path.as_ref().and_then(|s| CString::new(s.as_str()).ok()),
+            guid: port.dev.guid,
+            speed: port.speed,
+            port: port.port as i32,
+            // One comm needs at least one queue pair.
+            max_comms: port.dev.max_qp.max(1),
+            iface: oob.name.clone(),
+            addr: oob.addr,
+        };
+        VerbsDevice { info, port, oob }
+    }
+
+    /// The facts GDR is decided on, for the GPU owning `pi` and this port.
+    fn gdr_facts(&self, pi: &cuda::PtrInfo, via: gdr::Via) -> Result<gdr::Facts> {
+        let cfg = config::get();
+        let topo = Topology::machine();
+        let (gpu_gdr, gpu_dmabuf) = cuda::gdr_attributes(pi.ordinal)?;
+        let dmabuf = if !cfg.dmabuf {
+            Err("RIVET_DMABUF=off".to_string())
+        } else if !gpu_dmabuf {
+            Err("the GPU does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0)".to_string())
+        } else {
+            self.port.dev.dmabuf.clone()
+        };
+        let (path, gpu_numa, nic_numa) = gdr::locate(topo, &pi.bus_id, &self.port.dev.name);
+        Ok(gdr::Facts {
+            mode: cfg.gdr,
+            level: cfg.gdr_level,
+            path,
+            gpu_numa,
+            nic_numa,
+            gpu_gdr,
+            peermem: gdr::peermem(&topo.root),
+            dmabuf,
+            via,
+        })
+    }
+}
+
+/// A listen comm: the out-of-band listener, and the RDMA setups of connections whose TCP
+/// handshake is done.
+struct VerbsListen {
+    port: &'static IbPort,
+    listener: Listener,
+    setups: Vec<Setup>,
+}
+
+impl Listening for VerbsListen {
+    fn accept(&mut self) -> Result<Option<Box<dyn Conn>>> {
+        while let Some(link) = self.listener.accept()? {
+            self.setups.push(Setup::acceptor(self.port, link));
+        }
+        for i in 0..self.setups.len() {
+            match self.setups[i].poll() {
+                Ok(None) => {}
+                Ok(Some(conn)) => {
+                    self.setups.swap_remove(i);
+                    return Ok(Some(conn));
+                }
+                Err(e) => {
+                    self.setups.swap_remove(i);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// A connect: the out-of-band TCP connect first, then the RDMA setup over it.
+enum VerbsDial {
+    Tcp { c: Connector, port: &'static IbPort, tc: Option<u8> },
+    Setup(Box<Setup>),
+}
+
+impl Dialing for VerbsDial {
+    fn poll(&mut self) -> Result<Option<Box<dyn Conn>>> {
+        loop {
+            match self {
+                VerbsDial::Tcp { c, port, tc } => match c.poll()? {
+                    None => return Ok(None),
+                    Some(link) => {
+                        let s = Setup::connector(port, link, *tc)?;
+                        *self = VerbsDial::Setup(Box::new(s));
+                    }
+                },
+                VerbsDial::Setup(s) => return s.poll(),
+            }
+        }
+    }
+}
+
+/// A registration through the device's MR cache.
+struct CachedMr {
+    port: &'static IbPort,
+    mr: usize,
+}
+
+impl Registration for CachedMr {
+    fn release(self: Box<Self>) -> Result<()> {
+        verbs_release(self.port, self.mr)
+    }
+}
+
+/// A dma-buf registration: not cached, so owned by one memory handle alone.
+struct DmaBufMr {
+    port: &'static IbPort,
+    mr: usize,
+}
+
+impl Registration for DmaBufMr {
+    fn release(self: Box<Self>) -> Result<()> {
+        let v = crate::sys::verbs::get().map_err(|e| Error::system(e.0))?;
+        // SAFETY: the dma-buf registration this owner holds alone (not cached), released once:
+        // `release` consumes the owner.
+        let rc = unsafe { (v.dereg_mr)(self.mr as *mut _) };
+        if rc != 0 {
+            return Err(Error::system(format!(
+                "{}: ibv_dereg_mr of a dma-buf registration failed: {}",
+                self.port.dev.name,
+                std::io::Error::from_raw_os_error(rc)
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Transport for VerbsDevice {
+    fn info(&self) -> &DevInfo {
+        &self.info
+    }
+
+    fn wire(&self) -> u8 {
+        TRANSPORT_VERBS
+    }
+
+    fn describe(&self) -> String {
+        let p = &self.port;
+        format!(
+            "{} speed {} Mb/s pci {} guid {:#x}{}; GPUDirect: peer memory {}, dma-buf {}",
+            p.describe(),
+            self.info.speed,
+            pci_text(&self.info),
+            self.info.guid,
+            if p.dev.relaxed_ordering { " [RO]" } else { "" },
+            gdr::peermem(&Topology::machine().root).unwrap_or("none (no nvidia_peermem or nv_peer_mem module)"),
+            match &p.dev.dmabuf {
+                Ok(()) => "yes".to_string(),
+                Err(why) => format!("no ({why})"),
+            }
+        )
+    }
+
+    /// CUDA when RIVET_GDR is not off, a CUDA driver works and peer memory or dma-buf exists (or
+    /// RIVET_GDR=force); dma-buf when the NIC and GPU 0 support it and RIVET_DMABUF allows.
+    fn ptr_support(&self) -> PtrSupport {
+        let cfg = config::get();
+        if cfg.gdr == gdr::Mode::Off || cuda::get().is_err() {
+            return PtrSupport::default();
+        }
+        let dmabuf = cfg.dmabuf && self.port.dev.dmabuf.is_ok() && cuda::gdr_attributes(0).is_ok_and(|(_, db)| db);
+        let peermem = gdr::peermem(&Topology::machine().root).is_some();
+        PtrSupport { cuda: dmabuf || peermem || cfg.gdr == gdr::Mode::Force, dmabuf }
+    }
+
+    fn listen(&'static self) -> Result<(Box<dyn Listening>, Handle)> {
+        let (listener, h) = Listener::new(&self.oob, TRANSPORT_VERBS, config::get().timeout())?;
+        Ok((Box::new(VerbsListen { port: &self.port, listener, setups: Vec::new() }), h))
+    }
+
+    fn connect(&'static self, peer: &Handle, traffic_class: Option<u8>) -> Result<Box<dyn Dialing>> {
+        let cfg = config::get();
+        let c = Connector::new(peer, 1, cfg.socket_min_chunk, cfg.timeout())?;
+        Ok(Box::new(VerbsDial::Tcp { c, port: &self.port, tc: traffic_class }))
+    }
+
+    fn register(&'static self, addr: usize, len: usize, send: bool) -> Result<Registered> {
+        let (info, mr) = verbs_register(&self.port, addr, len, access_for(send))?;
+        Ok(Registered { info, owner: Some(Box::new(CachedMr { port: &self.port, mr })) })
+    }
+
+    fn gpu_route(&'static self, pi: &cuda::PtrInfo, via: gdr::Via) -> Result<GpuRoute> {
+        Ok(GpuRoute::Gdr(self.gdr_facts(pi, via)?))
+    }
+
+    fn register_gpu(&'static self, addr: usize, len: usize, send: bool, dmabuf: Option<(u64, i32)>) -> Result<Registered> {
+        let port = &self.port;
+        let access = access_for(send);
+        let mut r = match dmabuf {
+            Some((offset, fd)) => {
+                let m = port.dev.register_dmabuf(offset, len, addr as u64, fd, access as i32)?;
+                // SAFETY: `m` was just registered.
+                let mut info = unsafe { mr_info_of(m, access, &port.dev, Path::Gdr) };
+                // The ibv_mr of a dma-buf registration has the offset in its addr field; the
+                // buffer the data path checks against is the GPU address range registered.
+                (info.addr, info.len) = (addr, len);
+                Registered { info, owner: Some(Box::new(DmaBufMr { port, mr: m as usize })) }
+            }
+            None => self.register(addr, len, send)?,
+        };
+        r.info.path = Path::Gdr;
+        Ok(r)
+    }
+
+    fn registrar(&'static self, send: bool) -> Box<dyn Registrar> {
+        Box::new(VerbsRegistrar { port: &self.port, access: access_for(send) })
+    }
+}
