@@ -1,7 +1,17 @@
 //! Listen, connect and accept: non-blocking stages driven by NCCL's repeated calls, and the
 //! reaping of connects NCCL gave up on.
 
-use super::*;
+use super::devices::device;
+use super::{full, stale, Comm, LISTENS};
+use crate::config;
+use crate::error::{Error, Result};
+use crate::handles::{Kind, Token};
+use crate::proto::{self, Handle, HANDLE_SIZE};
+use crate::transport::{self, socket, Dialing, Listening};
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 
 
 pub struct ListenComm {

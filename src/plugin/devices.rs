@@ -1,7 +1,12 @@
 //! The devices NCCL sees: discovered once (RDMA ports, else TCP interfaces), the start-up banner,
 //! and `getProperties`.
 
-use super::*;
+use crate::error::{Error, Result};
+use crate::gpu::cuda;
+use crate::log::INIT;
+use crate::transport::{self, Devices, PtrSupport, Transport, MAX_RECVS};
+use std::ffi::{c_char, c_void};
+use std::sync::{Mutex, OnceLock};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 

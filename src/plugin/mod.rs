@@ -15,19 +15,13 @@ pub use crate::transport::{Devices, PtrSupport};
 use connect::ListenComm;
 use devices::device;
 
-use crate::config;
 use crate::error::{Error, Result};
 use crate::gpu::staging::Staged;
-use crate::gpu::{cuda, gdr};
 use crate::handles::{Guard, Kind, Stale, Table, Token, MAX_REQUESTS};
-use crate::log::INIT;
-use crate::proto::{self, Handle, HANDLE_SIZE};
-use crate::transport::{self, socket, Conn, Dialing, GpuRoute, Listening, MrInfo, Path, RecvBuf, Registered, Registration, Transport, MAX_RECVS};
-use std::collections::{HashMap, VecDeque};
-use std::ffi::{c_char, c_void};
+use crate::transport::{Conn, MrInfo, RecvBuf, MAX_RECVS};
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::Instant;
+use std::sync::Mutex;
 
 // ---------------------------------------------------------------------------------------------
 // Handles. Every object handed to NCCL lives in a table of its kind and is named by a token (see

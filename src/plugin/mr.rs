@@ -2,7 +2,14 @@
 //! through the staging engine, decided once per (comm, GPU). The device's transport registers;
 //! this file holds the policy.
 
-use super::*;
+use super::devices::device;
+use super::{any_comm, full, Comm, MRS};
+use crate::config;
+use crate::error::{Error, Result};
+use crate::gpu::{cuda, gdr};
+use crate::handles::{Kind, Token};
+use crate::transport::{GpuRoute, MrInfo, Path, Registered, Registration, Transport};
+use std::ffi::c_void;
 
 /// The kind of memory `regMr` is given (NCCL_PTR_HOST, _CUDA or _DMABUF).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -200,7 +200,12 @@ impl RecvEngine {
     /// buffer as read now (valid once every part has arrived: queue pair 0 writes it before its
     /// immediate).
     pub fn on_rdv_imm(&mut self, slot: u32, entry: u32, size: u64) -> Result<(), ProtoError> {
-        let owner = self.cts_owner[slot as usize % FIFO_DEPTH] as usize;
+        // The sender names the FIFO slot itself (below FIFO_DEPTH); anything above is corrupt,
+        // not another name for a slot in use.
+        let Some(&owner) = self.cts_owner.get(slot as usize) else {
+            return Err(ProtoError::StrayImm { slot, entry });
+        };
+        let owner = owner as usize;
         let r = &mut self.reqs[owner];
         let e = entry as usize;
         if !r.posted || r.flush || e >= r.n as usize || r.entries[e].done {
@@ -333,5 +338,30 @@ impl RecvEngine {
         }
         self.free.push(req as u16);
         Ok(Some(n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::send::Origin;
+
+    fn big(eng: &RecvEngine) -> RecvSpec {
+        RecvSpec { addr: 0x1000, size: eng.eager_max() as u64 + 1, rkey: 7, tag: 3, gpu: false }
+    }
+
+    #[test]
+    fn an_immediate_naming_a_slot_beyond_the_fifo_is_stray() {
+        let mut eng = RecvEngine::new(1, 8, 1024, Origin { seq: 0, cts: 0 });
+        let RecvPlan::Posted { cts: Some(c), .. } = eng.post(&[big(&eng)]) else { panic!("no clear-to-send") };
+        // The same slot plus FIFO_DEPTH names no buffer, though it wraps onto the posted one.
+        let stray = (c.slot + FIFO_DEPTH) as u32;
+        assert!(matches!(eng.on_rdv_imm(stray, 0, 1), Err(ProtoError::StrayImm { .. })));
+        assert!(matches!(eng.on_rdv_imm(u32::MAX, 0, 1), Err(ProtoError::StrayImm { .. })));
+        // The real slot still completes the receive.
+        eng.on_rdv_imm(c.slot as u32, 0, 5).unwrap();
+        let mut sizes = [0; MAX_GROUP];
+        assert_eq!(eng.take(0, &mut sizes).unwrap(), Some(1));
+        assert_eq!(sizes[0], 5);
     }
 }
