@@ -18,7 +18,7 @@ use devices::device;
 use crate::error::{Error, Result};
 use crate::gpu::staging::Staged;
 use crate::handles::{Guard, Kind, Stale, Table, Token, MAX_REQUESTS};
-use crate::transport::{Conn, MrInfo, RecvBuf, MAX_RECVS};
+use crate::transport::{Conn, Lent, MrInfo, RecvBuf, MAX_RECVS};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
@@ -161,12 +161,17 @@ fn request(t: Token, slot: Option<u32>) -> *mut c_void {
     slot.map_or(std::ptr::null_mut(), |s| t.request(s).to_ptr())
 }
 
-pub fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, mh: *mut c_void) -> Result<*mut c_void> {
+/// # Safety
+/// Unless `size` is 0, `data` points to `size` bytes NCCL lends for this send: valid, and not
+/// written, until `test` reports the request done or the comm is closed (NCCL's isend contract).
+pub unsafe fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, mh: *mut c_void) -> Result<*mut c_void> {
     let (t, mut c) = comm(sc, true)?;
     if data.is_null() && size > 0 {
         return Err(Error::internal(format!("isend of {size} bytes from a NULL buffer")));
     }
-    let slot = c.conn.isend(data as *const u8, size, tag, mr_info(mh)?)?;
+    // SAFETY: the caller's promise is Lent's.
+    let data = unsafe { Lent::new(data as *mut u8, size) };
+    let slot = c.conn.isend(data, tag, mr_info(mh)?)?;
     if c.conn.has_pending_sends() {
         pending_add(t);
     }
@@ -221,7 +226,8 @@ fn progress_pending(except: Token) {
 
 /// # Safety
 /// `data` and `tags` must point to `n` elements each, and a non-NULL `mh` too (NULL is checked
-/// here).
+/// here). Each buffer `data[i]` of `size_of(i)` bytes is lent for this receive as `Lent::new`
+/// says (NCCL's irecv contract).
 pub unsafe fn irecv(
     rc: *mut c_void,
     n: i32,
@@ -247,7 +253,8 @@ pub unsafe fn irecv(
         if ptr.is_null() && size > 0 {
             return Err(Error::internal(format!("irecv buffer {i} of {size} bytes is NULL")));
         }
-        *b = RecvBuf { ptr, size, tag, mr };
+        // SAFETY: the caller's promise for the buffer is Lent's.
+        *b = RecvBuf { buf: unsafe { Lent::new(ptr, size) }, tag, mr };
     }
     let slot = c.conn.irecv(&bufs[..n as usize])?;
     drop(c);
@@ -259,7 +266,8 @@ pub unsafe fn irecv(
 /// for (TCP never; verbs issues its 1-byte RDMA READ). NULL request: nothing to wait for.
 ///
 /// # Safety
-/// Non-NULL `data` and `sizes` point to `n` elements each, and a non-NULL `mh` too.
+/// Non-NULL `data` and `sizes` point to `n` elements each, and a non-NULL `mh` too; each buffer
+/// is one of a receive that completed, lent again as `Lent::new` says until the flush is done.
 pub unsafe fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mut i32, mh: *mut *mut c_void) -> Result<*mut c_void> {
     if n < 0 || n as usize > MAX_RECVS {
         return Err(Error::internal(format!("iflush with n={n}")));
@@ -272,7 +280,8 @@ pub unsafe fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mu
     for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
         // SAFETY: i < n, the caller's promise.
         let (size, ptr, mr) = unsafe { ((*sizes.add(i)).max(0) as usize, *data.add(i) as *mut u8, mr_at(mh, i)?) };
-        *b = RecvBuf { ptr, size, tag: 0, mr };
+        // SAFETY: the caller's promise for the buffer is Lent's.
+        *b = RecvBuf { buf: unsafe { Lent::new(ptr, size) }, tag: 0, mr };
     }
     let slot = c.conn.iflush(&bufs[..n as usize])?;
     Ok(request(t, slot))

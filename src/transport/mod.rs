@@ -164,18 +164,53 @@ pub(crate) fn gpu_of(mr: Option<MrInfo>) -> Option<i32> {
     mr.and_then(|m| m.gpu)
 }
 
+/// A buffer lent to the transport for one request: NCCL's send or receive buffer, or a staging
+/// bounce buffer standing in for it. Only [`Lent::new`], which is unsafe, makes one: the promise
+/// that the memory is there is made once, where the pointer comes in (the plugin's `isend`,
+/// `irecv` and `iflush`, the staging engine), and every transport relies on it.
+#[derive(Debug, Clone, Copy)]
+pub struct Lent {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Lent {
+    pub const EMPTY: Lent = Lent { ptr: std::ptr::null_mut(), len: 0 };
+
+    /// # Safety
+    /// Unless `len` is 0, `ptr` points to `len` bytes that stay valid until the request the
+    /// buffer is posted with has been reported done, or its comm closed. In that time a send
+    /// buffer is only read, and a receive buffer is not used by anyone but the transport. The
+    /// bytes may be GPU memory; the transport then reaches them only by the NIC or a CUDA copy,
+    /// as the buffer's registration says (`MrInfo::path`).
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> Lent {
+        Lent { ptr, len }
+    }
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// One buffer of a (possibly grouped) receive.
 #[derive(Debug, Clone, Copy)]
 pub struct RecvBuf {
-    pub ptr: *mut u8,
-    pub size: usize,
+    pub buf: Lent,
     pub tag: i32,
     /// The buffer's registration (None when NCCL passed none), copied from its memory handle.
     pub mr: Option<MrInfo>,
 }
 
 impl RecvBuf {
-    pub const EMPTY: RecvBuf = RecvBuf { ptr: std::ptr::null_mut(), size: 0, tag: 0, mr: None };
+    pub const EMPTY: RecvBuf = RecvBuf { buf: Lent::EMPTY, tag: 0, mr: None };
 }
 
 /// Most buffers in one grouped receive (the `maxRecvs` every device reports).
@@ -185,16 +220,16 @@ pub const MAX_RECVS: usize = crate::proto::verbs::MAX_GROUP;
 /// handed out by `isend`/`irecv` and free again once `test` reported it done.
 pub trait Conn: Send {
     /// Post a send; `Ok(None)` is back-pressure (no free slot), the caller retries later.
-    fn isend(&mut self, _data: *const u8, _size: usize, _tag: i32, _mr: Option<MrInfo>) -> Result<Option<u32>> {
+    fn isend(&mut self, _data: Lent, _tag: i32, _mr: Option<MrInfo>) -> Result<Option<u32>> {
         Err(Error::internal("isend called on a receive comm"))
     }
-    /// Post a send of which only the first `ready` bytes (< `size`) can be read yet, for the
+    /// Post a send of which only the first `ready` bytes (< its size) can be read yet, for the
     /// staging engine to overlap its device-to-host copy with the network: `set_ready` raises
     /// the mark as the copy proceeds. A transport that cannot send part of a message answers
     /// with back-pressure until all of it is ready.
-    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
-        if ready >= size {
-            self.isend(data, size, tag, mr)
+    fn isend_partial(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
+        if ready >= data.len() {
+            self.isend(data, tag, mr)
         } else {
             Ok(None)
         }

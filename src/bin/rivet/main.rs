@@ -181,8 +181,8 @@ fn run(cli: Cli) -> Res<i32> {
                 let p = n.props(d)?;
                 println!(
                     "dev {d}: name {} pci {} guid {:#x} speed {} Mb/s ptrSupport {:#x} regIsGlobal {} maxComms {} maxRecvs {} maxP2pBytes {}",
-                    net::cstr(p.name),
-                    net::cstr(p.pciPath),
+                    p.name.clone(),
+                    p.pci_path.clone(),
                     p.guid,
                     p.speed,
                     p.ptrSupport,

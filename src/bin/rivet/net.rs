@@ -2,6 +2,7 @@
 //! `ncclNetPlugin_v12` table, exactly as NCCL drives it.
 
 use nccl_net_rivet::abi::types::*;
+use nccl_net_rivet::transport::MAX_RECVS;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -45,12 +46,29 @@ pub fn find_library(arg: Option<&Path>) -> Res<PathBuf> {
 }
 
 /// A C string from the plugin, or "(none)".
-pub fn cstr(c: *const std::ffi::c_char) -> String {
+///
+/// # Safety
+/// A non-NULL `c` is NUL-terminated and readable for the call.
+unsafe fn cstr(c: *const std::ffi::c_char) -> String {
     if c.is_null() {
         "(none)".to_string()
     } else {
-        // SAFETY: the plugin returns NUL-terminated strings that live as long as the library.
+        // SAFETY: the caller's promise.
         unsafe { std::ffi::CStr::from_ptr(c) }.to_string_lossy().into_owned()
+    }
+}
+
+/// A device's properties, with its name and PCI path read out as strings.
+pub struct Props {
+    pub raw: ncclNetProperties_v12_t,
+    pub name: String,
+    pub pci_path: String,
+}
+
+impl std::ops::Deref for Props {
+    type Target = ncclNetProperties_v12_t;
+    fn deref(&self) -> &ncclNetProperties_v12_t {
+        &self.raw
     }
 }
 
@@ -89,12 +107,15 @@ impl Net {
         Ok(n)
     }
 
-    pub fn props(&self, dev: i32) -> Res<ncclNetProperties_v12_t> {
+    pub fn props(&self, dev: i32) -> Res<Props> {
         // SAFETY: plain C data; all-zero is valid (null pointers).
         let mut p: ncclNetProperties_v12_t = unsafe { std::mem::zeroed() };
         // SAFETY: see `load`.
         check("getProperties", unsafe { self.t.getProperties.unwrap()(dev, &mut p) })?;
-        Ok(p)
+        // SAFETY: getProperties returned success: name and pciPath are NULL or NUL-terminated
+        // strings the plugin keeps while it is loaded (the ncclNet contract).
+        let (name, pci_path) = unsafe { (cstr(p.name), cstr(p.pciPath)) };
+        Ok(Props { raw: p, name, pci_path })
     }
 
     pub fn listen(&self, dev: i32) -> Res<([u8; 128], *mut c_void)> {
@@ -232,8 +253,12 @@ impl Net {
     /// each buffer's message in `sizes`.
     pub fn test_n(&self, req: *mut c_void, sizes: &mut [i32]) -> Res<bool> {
         let mut done = 0;
-        // SAFETY: see `load`; `sizes` has room for the request's buffers (the caller's count).
-        check("test", unsafe { self.t.test.unwrap()(req, &mut done, sizes.as_mut_ptr()) })?;
+        // Room for the most buffers any request has (maxRecvs), whatever the caller's count.
+        let mut all = [0i32; MAX_RECVS];
+        // SAFETY: see `load`; `done` and `all` are locals, `all` as large as any request's sizes.
+        check("test", unsafe { self.t.test.unwrap()(req, &mut done, all.as_mut_ptr()) })?;
+        let n = sizes.len().min(MAX_RECVS);
+        sizes[..n].copy_from_slice(&all[..n]);
         Ok(done != 0)
     }
 

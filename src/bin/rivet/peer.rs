@@ -163,7 +163,7 @@ impl Ring {
         };
         if describe {
             let p = net.props(dev)?;
-            let pci = crate::net::cstr(p.pciPath);
+            let pci = p.pci_path.clone();
             // nccl-tests prints the GPU's PCI bus number; here it is the NIC's, from its PCI path.
             let bus = pci
                 .rsplit('/')
@@ -176,7 +176,7 @@ impl Ring {
                 0,
                 std::process::id(),
                 nccl_net_rivet::log::hostname(),
-                crate::net::cstr(p.name)
+                p.name.clone()
             );
         }
         println!("HANDLE {}", hex(&h));

@@ -71,7 +71,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     // SAFETY: as above.
     let (mh_small_s, mh_small_r) = unsafe { (net.reg_ptr(r.send, sp, 8, ty)?, net.reg_ptr(r.recv, sp, 8, ty)?) };
     let p = net.props(r.dev)?;
-    let name = crate::net::cstr(p.name);
+    let name = p.name.clone();
     let cfg = nccl_net_rivet::config::get();
     let lanes = if r.transport == "TCP" {
         format!("{} stream(s)", cfg.socket_nstreams)

@@ -20,7 +20,7 @@ mod copy;
 pub use copy::{Copier, CudaCopier, HostCopier, HostMem, NoRegistration, Registrar};
 use copy::{Bounce, Pool};
 use crate::error::{Error, Result};
-use crate::transport::{gpu_of, path_of, Conn, MrInfo, Path, RecvBuf, MAX_RECVS};
+use crate::transport::{gpu_of, path_of, Conn, Lent, MrInfo, Path, RecvBuf, MAX_RECVS};
 use crate::gpu::cuda;
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
@@ -101,7 +101,7 @@ enum Managed {
     /// m * MAX_CHUNKS + chunk); `inner` once handed to the transport.
     SendStaged { bounce: Bounce, size: usize, tag: i32, chunks: Chunks, inner: Option<u32> },
     /// A send waiting for earlier staged sends to go first.
-    SendWaiting { data: *const u8, size: usize, tag: i32, mr: Option<MrInfo> },
+    SendWaiting { data: Lent, tag: i32, mr: Option<MrInfo> },
     /// Handed to the transport under `inner`; `bounce` returns to the pool when it completes.
     SendPosted { inner: u32, bounce: Option<Bounce> },
     /// A receive with staged buffers, posted to the transport.
@@ -238,19 +238,25 @@ impl Staged {
             }
         }
         while let Some(&m) = self.queue.front() {
-            let (data, size, tag, mr, ready) = match &self.slots[m as usize] {
+            let (data, tag, mr, ready) = match &self.slots[m as usize] {
                 Managed::SendStaged { .. } => {
                     let (ready, size) = self.advance(m)?;
                     let Managed::SendStaged { bounce, tag, .. } = &self.slots[m as usize] else { unreachable!() };
                     if ready == 0 && size > 0 {
                         return Ok(()); // not even the first chunk yet
                     }
-                    (bounce.ptr as *const u8, size, *tag, Some(bounce.mr), ready)
+                    // SAFETY: the bounce buffer holds at least `size` bytes (the pool's class for
+                    // it), stays with this send's slot until the transport reports the send done
+                    // (`release_slot`), and goes back to the system only after the transport's
+                    // comm is dropped (`Drop for Staged`); the copy into it only writes bytes
+                    // beyond `ready`, which the transport does not read before `set_ready`.
+                    (unsafe { Lent::new(bounce.ptr, size) }, *tag, Some(bounce.mr), ready)
                 }
-                Managed::SendWaiting { data, size, tag, mr } => (*data, *size, *tag, *mr, *size),
+                Managed::SendWaiting { data, tag, mr } => (*data, *tag, *mr, data.len()),
                 _ => return Err(Error::internal("staging: a queued send in an unexpected state")),
             };
-            let Some(inner) = self.inner.isend_partial(data, size, tag, mr, ready)? else { return Ok(()) };
+            let size = data.len();
+            let Some(inner) = self.inner.isend_partial(data, tag, mr, ready)? else { return Ok(()) };
             self.queue.pop_front();
             let slot = &mut self.slots[m as usize];
             match slot {
@@ -290,18 +296,19 @@ impl Staged {
 }
 
 impl Conn for Staged {
-    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
+    fn isend(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
         let path = path_of(mr);
+        let size = data.len();
         if path != Path::Staged {
             if self.queue.is_empty() {
-                let r = self.inner.isend(data, size, tag, mr)?;
+                let r = self.inner.isend(data, tag, mr)?;
                 if r.is_some() && self.stats_on {
                     self.stats.add(path, size);
                 }
                 return Ok(r);
             }
             let Some(m) = self.take_slot() else { return Ok(None) };
-            self.slots[m as usize] = Managed::SendWaiting { data, size, tag, mr };
+            self.slots[m as usize] = Managed::SendWaiting { data, tag, mr };
             self.queue.push_back(m);
             if self.stats_on {
                 self.stats.add(path, size);
@@ -326,9 +333,9 @@ impl Conn for Staged {
                 let hi = chunks.ends[c];
                 if hi > lo {
                     // SAFETY: `[lo, hi)` is inside both the bounce buffer (of at least `size`
-                    // bytes) and the send buffer NCCL registered; the send's slot keeps the bounce
-                    // buffer, and NCCL the send buffer, until the send completes, after its fences.
-                    unsafe { copier.to_host(bounce.ptr.add(lo), data as usize + lo, hi - lo)? };
+                    // bytes) and the lent send buffer; the send's slot keeps the bounce buffer,
+                    // and the lender the send buffer, until the send completes, after its fences.
+                    unsafe { copier.to_host(bounce.ptr.add(lo), data.addr() + lo, hi - lo)? };
                 }
                 copier.fence(m as usize * MAX_CHUNKS + c)?;
                 lo = hi;
@@ -373,11 +380,15 @@ impl Conn for Staged {
                 break;
             }
             let copier = self.copier.as_deref_mut().expect("ensured above");
-            match self.pool.get(b.size, copier, &*self.registrar) {
+            match self.pool.get(b.buf.len(), copier, &*self.registrar) {
                 Ok(bounce) => {
-                    posted[i].ptr = bounce.ptr;
+                    // SAFETY: the bounce buffer holds at least the receive buffer's size, stays
+                    // with this receive's slot until its copy to the GPU is fenced, and is freed
+                    // only after the transport's comm is dropped (`Drop for Staged`); nothing
+                    // else uses it meanwhile.
+                    posted[i].buf = unsafe { Lent::new(bounce.ptr, b.buf.len()) };
                     posted[i].mr = Some(bounce.mr);
-                    staged[i] = Some((b.ptr as usize, bounce));
+                    staged[i] = Some((b.buf.addr(), bounce));
                 }
                 Err(e) => {
                     res = Err(e);

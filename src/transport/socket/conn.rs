@@ -7,7 +7,7 @@ use super::helper::{Helper, Part, Shared};
 use super::sock::{self, Io};
 use crate::error::{Error, Result};
 use crate::proto::{split, MsgHeader, MSG_HDR_SIZE};
-use crate::transport::{Conn, MrInfo, RecvBuf, MAX_RECVS};
+use crate::transport::{Conn, Lent, MrInfo, RecvBuf, MAX_RECVS};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -286,16 +286,13 @@ impl SendConn {
 }
 
 impl Conn for SendConn {
-    // `data` comes from NCCL through plugin::isend, which checked it against NULL.
-    #[allow(clippy::not_unsafe_ptr_arg_deref)]
-    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
-        self.isend_partial(data, size, tag, mr, size)
+    fn isend(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
+        self.isend_partial(data, tag, mr, data.len())
     }
 
-    // As isend.
-    #[allow(clippy::not_unsafe_ptr_arg_deref)]
-    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, _mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
+    fn isend_partial(&mut self, data: Lent, tag: i32, _mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
         self.s.check()?;
+        let size = data.len();
         let Some(slot) = self.free.pop() else { return Ok(None) };
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
@@ -313,12 +310,11 @@ impl Conn for SendConn {
             for j in 0..k {
                 let lo = j * chunk;
                 let hi = ((j + 1) * chunk).min(size);
-                // SAFETY: `data` points to `size` readable bytes that stay valid until the request
-                // completes (NCCL's isend contract, passed on by plugin::isend, which checked it
-                // non-NULL), and `lo = j * chunk < size` for every j < k that `split` returns, so
-                // `data + lo` is inside the buffer. The `*mut` cast is only for Task's type: a send
-                // never writes through it.
-                let ptr = unsafe { data.add(lo) } as *mut u8;
+                // SAFETY: `data` is lent: `size` readable bytes valid until the request completes
+                // or the comm closes (Lent's invariant; size > 0, so not NULL), and
+                // `lo = j * chunk < size` for every j < k that `split` returns, so `data + lo` is
+                // inside the buffer. A send never writes through Task's `*mut`.
+                let ptr = unsafe { data.ptr().add(lo) };
                 self.s.push(j, Task { slot, ptr, len: hi - lo, off: 0, base: lo });
                 pending += 1;
             }
@@ -521,7 +517,7 @@ impl RecvConn {
             })?
         };
         let size = h.size as usize;
-        let cap = sl.bufs[idx].size;
+        let cap = sl.bufs[idx].buf.len();
         if h.size > cap as u64 {
             return Err(Error::usage(format!(
                 "collective mismatch with {peer}: the peer sent {} bytes with tag {} but the posted receive holds only {cap} bytes; every rank must run the same collectives with the same counts and datatypes",
@@ -531,7 +527,7 @@ impl RecvConn {
         sl.matched |= 1 << idx;
         sl.nmatched += 1;
         sl.sizes[idx] = size;
-        let base = sl.bufs[idx].ptr;
+        let base = sl.bufs[idx].buf.ptr();
         if sl.nmatched == sl.n {
             self.posted.pop_front();
         }
@@ -540,10 +536,10 @@ impl RecvConn {
             for j in 0..k {
                 let lo = j * chunk;
                 let hi = ((j + 1) * chunk).min(size);
-                // SAFETY: `base` points to the matched posted receive buffer of `cap` writable
-                // bytes (NCCL's irecv contract; plugin::irecv checked it non-NULL for a non-zero
-                // size), and `lo < size <= cap` (checked above, and `split` keeps `lo` below
-                // `size`), so `base + lo` is inside it.
+                // SAFETY: `base` is the matched posted receive buffer, lent: `cap` writable bytes
+                // until the request completes or the comm closes (Lent's invariant; cap >= size
+                // > 0, so not NULL), and `lo < size <= cap` (checked above, and `split` keeps
+                // `lo` below `size`), so `base + lo` is inside it.
                 self.s.push(j, Task { slot, ptr: unsafe { base.add(lo) }, len: hi - lo, off: 0, base: HDR });
             }
             self.slots[slot as usize].pending += k as u32;

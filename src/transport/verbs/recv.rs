@@ -128,7 +128,9 @@ impl VerbsRecv {
                 Ok(EagerStep::Consumed) => {}
                 Ok(EagerStep::Copy { dst, len, gpu }) => {
                     // SAFETY: the payload follows the header in the slot (len <= eager_max, checked by
-                    // the engine); `dst` is the posted receive buffer of at least `len` bytes.
+                    // the engine); `dst` is inside a posted receive buffer, lent to this comm until
+                    // the receive completes (Lent's invariant), of at least `len` bytes (the engine
+                    // checked the size against the buffer's).
                     let src = unsafe { p.add(EAGER_HDR) };
                     if gpu {
                         // SAFETY: as above: `len` payload bytes at `src`, and `dst` the receive's
@@ -212,8 +214,9 @@ impl Conn for VerbsRecv {
         let dev = dev_id(self.c.port);
         let mut specs = [RecvSpec::default(); MAX_RECVS];
         for (s, b) in specs.iter_mut().zip(&bufs[..n]) {
-            let rkey = if b.size > 0 { mr_for(b.mr, b.ptr as usize, b.size, dev, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkey } else { 0 };
-            *s = RecvSpec { addr: b.ptr as u64, size: b.size as u64, rkey, tag: b.tag, gpu: path_of(b.mr) == Path::Gdr };
+            let (addr, size) = (b.buf.addr(), b.buf.len());
+            let rkey = if size > 0 { mr_for(b.mr, addr, size, dev, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkey } else { 0 };
+            *s = RecvSpec { addr: addr as u64, size: size as u64, rkey, tag: b.tag, gpu: path_of(b.mr) == Path::Gdr };
         }
         let RecvPlan::Posted { req, cts } = self.eng.post(&specs[..n]) else { return Ok(None) };
         if let Some(p) = cts {
@@ -239,11 +242,11 @@ impl Conn for VerbsRecv {
         if self.flush_disabled {
             return Ok(None);
         }
-        let Some(b) = bufs.iter().rev().find(|b| b.size > 0) else { return Ok(None) };
-        let m = mr_for(b.mr, b.ptr as usize, b.size, dev_id(self.c.port), IBV_ACCESS_REMOTE_READ, "iflush")?;
+        let Some(b) = bufs.iter().rev().find(|b| !b.buf.is_empty()) else { return Ok(None) };
+        let m = mr_for(b.mr, b.buf.addr(), b.buf.len(), dev_id(self.c.port), IBV_ACCESS_REMOTE_READ, "iflush")?;
         let req = self.eng.post_flush().map_err(|e| self.c.proto(e))?;
         self.sges[0] = ibv_sge { addr: self.scratch.addr(), length: 1, lkey: self.scratch.mr.lkey() };
-        self.wrs[0] = rdma_wr(IBV_WR_RDMA_READ, (KIND_FLUSH << KIND_SHIFT) | req as u64, b.ptr as u64, m.rkey, 1);
+        self.wrs[0] = rdma_wr(IBV_WR_RDMA_READ, (KIND_FLUSH << KIND_SHIFT) | req as u64, b.buf.addr() as u64, m.rkey, 1);
         self.wrs[0].send_flags = IBV_SEND_SIGNALED;
         if let Err(rc) = post_chain(&self.flush_qp, &mut self.wrs, &mut self.sges, 1) {
             return Err(self.c.post_failed(self.flush_qp.qp().qpn(), "posting the flush read", rc));

@@ -8,7 +8,7 @@ use crate::proto::send::{Close, Origin, RdvStep, RingSpec, SendEngine, SendPlan,
 use crate::proto::verbs::{Cts, EagerHdr, Imm, EAGER_DATA, EAGER_HDR, FIFO_BYTES, MAX_GROUP, MAX_QPS};
 use crate::sys::ib::*;
 use crate::sys::verbs;
-use crate::transport::{path_of, Conn, MrInfo, Path, MAX_RECVS};
+use crate::transport::{path_of, Conn, Lent, MrInfo, Path, MAX_RECVS};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
 /// Where the sender's eager messages go.
@@ -228,15 +228,16 @@ impl VerbsSend {
 }
 
 impl Conn for VerbsSend {
-    fn isend(&mut self, data: *const u8, size: usize, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
-        self.isend_partial(data, size, tag, mr, size)
+    fn isend(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
+        self.isend_partial(data, tag, mr, data.len())
     }
 
     /// A partial send goes eagerly only once all of it is ready (eager messages are small); by
     /// rendezvous, its writes are posted as far as it is ready, the rest by `set_ready`.
-    fn isend_partial(&mut self, data: *const u8, size: usize, tag: i32, mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
+    fn isend_partial(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
         self.c.check()?;
-        let lkey = if size > 0 { mr_for(mr, data as usize, size, dev_id(self.c.port), 0, "isend")?.lkey } else { 0 };
+        let size = data.len();
+        let lkey = if size > 0 { mr_for(mr, data.addr(), size, dev_id(self.c.port), 0, "isend")?.lkey } else { 0 };
         self.read_credits();
         if size > self.eng.eager_max() {
             self.read_cts()?;
@@ -250,7 +251,7 @@ impl Conn for VerbsSend {
             }
             Ok(SendPlan::Eager { req, ring_slot, hdr }) => {
                 let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
-                if self.post_eager(ring_slot, req as usize, hdr, (data as u64, lkey), wr_id, path_of(mr) == Path::Gdr)? {
+                if self.post_eager(ring_slot, req as usize, hdr, (data.addr() as u64, lkey), wr_id, path_of(mr) == Path::Gdr)? {
                     // An inline send is complete once posted: its bytes are in the work request.
                     self.eng.on_completion(req);
                 }
@@ -260,7 +261,7 @@ impl Conn for VerbsSend {
                 // SAFETY: `sizes_off` is inside the SIZES_ENTRY-per-slot buffer (slot < FIFO_DEPTH,
                 // entry < MAX_GROUP), an aligned u64 of our own memory.
                 unsafe { (self.sizes_out.buf.ptr().add(target.sizes_off as usize) as *mut u64).write(size as u64) };
-                self.local[req as usize] = (data as u64, lkey);
+                self.local[req as usize] = (data.addr() as u64, lkey);
                 self.post_rdv(req, ready)?;
                 Ok(Some(req as u32))
             }

@@ -51,7 +51,7 @@ fn self_test(lib: Option<&Path>, gpu: bool) -> Res<report::Section> {
     let ndev = n.ndev()?;
     for d in 0..ndev {
         let p = n.props(d)?;
-        let name = net::cstr(p.name);
+        let name = p.name.clone();
         // Host memory, then (with a GPU) GPU memory by the path rivet chooses for it.
         for cuda in [false, true] {
             if cuda && !gpu {
