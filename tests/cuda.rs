@@ -65,3 +65,35 @@ fn driver_that_sees_no_gpu() {
     assert!(t.contains("host memory only: cuInit failed: CUDA_ERROR_NO_DEVICE"), "{t}");
     let _ = std::fs::remove_dir_all(d);
 }
+
+/// The verbs receiver's eager copies into GPU memory are asynchronous: a copy is reported done
+/// only once its fence is reached, a host copy queued behind it waits for it, and the bytes land.
+#[test]
+#[cfg_attr(not(rivet_nvidia), ignore = "needs an NVIDIA GPU and driver")]
+fn eager_copies_into_gpu_memory_finish_in_order() {
+    use nccl_net_rivet::gpu::cuda::DeviceBuf;
+    use nccl_net_rivet::transport::verbs::eager::EagerCopies;
+    let len = 64 << 10;
+    let dev = DeviceBuf::new(0, len).expect("cuMemAlloc on GPU 0");
+    // Pageable host memory, as the verbs ring is to CUDA (registered with the NIC only).
+    let s: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+    let mut host_dst = vec![0u8; 16];
+    let mut c = EagerCopies::default();
+    // SAFETY: `s` and `dev` outlive the copies (retired below before they drop); `host_dst`
+    // holds 16 bytes.
+    unsafe {
+        assert!(!c.copy(0, dev.ptr() as u64, s.as_ptr(), len, true).unwrap(), "a GPU copy is never done at once");
+        assert!(!c.copy(1, host_dst.as_mut_ptr() as u64, s.as_ptr(), 16, false).unwrap(), "a host copy behind it waits");
+    }
+    assert_eq!(host_dst[..], s[..16], "the host copy itself is done at once");
+    let t = std::time::Instant::now();
+    let mut done = 0;
+    while done < 2 {
+        done += c.retire().unwrap();
+        assert!(t.elapsed().as_secs() < 10, "the copy into GPU memory did not finish");
+    }
+    assert!(c.is_empty());
+    let mut back = vec![0u8; len];
+    dev.download(&mut back).unwrap();
+    assert!(back == s, "the bytes in GPU memory differ from the ring's");
+}

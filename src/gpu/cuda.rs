@@ -249,58 +249,8 @@ impl Drop for Context {
     }
 }
 
-/// Copy host bytes into device memory and return when they are there: the RDMA transport's
-/// eager messages that land in its host ring on their way to a GPUDirect receive buffer (a rare
-/// path: the sender sent before the receive was posted). The copy runs on a non-blocking stream
-/// of the owning GPU's primary context, so it never waits for NCCL's kernels, and the wait for it
-/// is bounded.
-///
-/// # Safety
-/// `src` points to `len` readable bytes, and `[dst, dst+len)` is device memory the caller may
-/// write (a posted receive buffer).
-pub unsafe fn copy_to_device_sync(dst: usize, src: *const u8, len: usize) -> Result<()> {
-    // Each GPU's stream, with a reference on its primary context held as long as the stream is
-    // cached: the driver resets a primary context (destroying its streams) when its last
-    // reference goes.
-    static STREAMS: std::sync::Mutex<Vec<(i32, usize, Context)>> = std::sync::Mutex::new(Vec::new());
-    let ordinal = pointer_ordinal(dst)?;
-    let ctx = Context::primary(ordinal)?;
-    ctx.with(|| {
-        let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-        let stream = match g.iter().find(|(o, _, _)| *o == ordinal) {
-            Some((_, s, _)) => *s as cu::CUstream,
-            None => {
-                let mut s = std::ptr::null_mut();
-                // SAFETY: inside `ctx.with` the GPU's primary context is current, so the stream is
-                // created in it; cuStreamCreate(CUstream *, unsigned int) writes the handle to the
-                // live local `s`, and CU_STREAM_NON_BLOCKING is a valid flag.
-                check(unsafe { cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) }, "cuStreamCreate")?;
-                g.push((ordinal, s as usize, Context::primary(ordinal)?));
-                s
-            }
-        };
-        // SAFETY: the primary context is current (`with`) and `stream` belongs to it (the cache
-        // holds a reference on the context, so it was not reset since); `dst` is device memory of
-        // this GPU (pointer_ordinal found it), and the caller's promise covers `src` and `len`.
-        // The copy is waited for (up to 5 s) below.
-        check(unsafe { cu::cuMemcpyHtoDAsync_v2(dst as cu::CUdeviceptr, src as *const c_void, len, stream) }, "cuMemcpyHtoDAsync")?;
-        let t = std::time::Instant::now();
-        loop {
-            // SAFETY: `stream` is the stream the copy above was queued on, in the current context
-            // (see there for the cached stream's validity); cuStreamQuery takes only the handle.
-            match unsafe { cu::cuStreamQuery(stream) } {
-                cu::CUresult::CUDA_ERROR_NOT_READY if t.elapsed() < std::time::Duration::from_secs(5) => std::thread::yield_now(),
-                cu::CUresult::CUDA_ERROR_NOT_READY => {
-                    return Err(Error::system(format!("a {len}-byte copy into GPU memory did not finish within 5 s")))
-                }
-                r => return check(r, "cuStreamQuery"),
-            }
-        }
-    })
-}
-
 /// The CUDA device that owns device memory at `ptr`.
-fn pointer_ordinal(ptr: usize) -> Result<i32> {
+pub fn pointer_ordinal(ptr: usize) -> Result<i32> {
     pointer_attr(ptr, cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, "DEVICE_ORDINAL")
 }
 

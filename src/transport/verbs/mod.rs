@@ -9,6 +9,7 @@
 pub mod conn;
 pub mod dev;
 pub mod device;
+pub mod eager;
 pub mod mr;
 pub mod oob;
 pub mod recv;

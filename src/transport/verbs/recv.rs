@@ -11,7 +11,11 @@ use crate::proto::verbs::{Cts, EagerHdr, Imm, EAGER_HDR, FIFO_BYTES, FIFO_DEPTH,
 use crate::sys::ib::*;
 use crate::sys::verbs;
 use crate::transport::{path_of, Conn, Path, RecvBuf, MAX_RECVS};
+use super::eager::EagerCopies;
 use std::sync::atomic::{fence, Ordering};
+
+// A GPU-bound eager copy is fenced by its ring slot's number.
+const _: () = assert!(super::conn::RING_SLOTS <= crate::gpu::staging::FENCES);
 
 /// Post `n` zero-length receives on `qp` (each consumes one completion with immediate data).
 pub fn post_recvs(qp: &QpRts, n: u32) -> std::result::Result<(), i32> {
@@ -28,6 +32,9 @@ pub fn post_recvs(qp: &QpRts, n: u32) -> std::result::Result<(), i32> {
 }
 
 pub struct VerbsRecv {
+    /// Eager payloads on their way out of the ring (first: dropped, after its copies drained,
+    /// before the ring they read).
+    copies: EagerCopies,
     qps: Vec<QpRts>,
     flush_qp: QpRts,
     cq: Cq,
@@ -73,6 +80,7 @@ impl VerbsRecv {
     ) -> VerbsRecv {
         let eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, Origin::default());
         VerbsRecv {
+            copies: EagerCopies::default(),
             qps,
             flush_qp,
             cq,
@@ -113,6 +121,19 @@ impl VerbsRecv {
         Ok(())
     }
 
+    /// Report the eager copies that finished, in order, to the engine.
+    fn retire_copies(&mut self) -> Result<()> {
+        match self.copies.retire() {
+            Ok(n) => {
+                for _ in 0..n {
+                    self.eng.copy_done();
+                }
+                Ok(())
+            }
+            Err(e) => Err(self.c.die(Error::system(format!("{}: eager message into GPU memory: {e}", self.c.where_(0))))),
+        }
+    }
+
     /// Match arrived eager slots, in order, as far as posted receives allow, copy their payloads
     /// out, and return credits when the engine says so.
     fn drain_ring(&mut self) -> Result<()> {
@@ -128,24 +149,21 @@ impl VerbsRecv {
                 Ok(EagerStep::Consumed) => {}
                 Ok(EagerStep::Copy { dst, len, gpu }) => {
                     // SAFETY: the payload follows the header in the slot (len <= eager_max, checked by
-                    // the engine); `dst` is inside a posted receive buffer, lent to this comm until
-                    // the receive completes (Lent's invariant), of at least `len` bytes (the engine
-                    // checked the size against the buffer's).
+                    // the engine); the engine keeps the slot from the sender until `copy_done`.
                     let src = unsafe { p.add(EAGER_HDR) };
-                    if gpu {
-                        // SAFETY: as above: `len` payload bytes at `src`, and `dst` the receive's
-                        // GPU buffer of at least `len` bytes.
-                        if let Err(e) = unsafe { crate::gpu::cuda::copy_to_device_sync(dst as usize, src, len) } {
-                            return Err(self.c.die(Error::system(format!("{}: eager message into GPU memory: {e}", self.c.where_(0)))));
-                        }
-                    } else {
-                        // SAFETY: see above; host memory the receive owns until it completes.
-                        unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) };
+                    // SAFETY: `src` as above; `dst` is inside a posted receive buffer, lent to this
+                    // comm until the receive completes (Lent's invariant), of at least `len` bytes
+                    // (the engine checked the size against the buffer's), GPU memory when `gpu`
+                    // (its registration's path is GDR).
+                    match unsafe { self.copies.copy(slot, dst, src, len, gpu) } {
+                        Ok(true) => self.eng.copy_done(),
+                        Ok(false) => {}
+                        Err(e) => return Err(self.c.die(Error::system(format!("{}: eager message into GPU memory: {e}", self.c.where_(0))))),
                     }
-                    self.eng.copy_done();
                 }
             }
         }
+        self.retire_copies()?;
         if let Some(word) = self.eng.credit_due() {
             // The copies out of the released slots (loads) complete before the credit that lets
             // the sender overwrite them is written: Arm may otherwise let the later store (and the
@@ -256,6 +274,10 @@ impl Conn for VerbsRecv {
 
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
         let waiting = self.eng.waiting(slot).map_err(|e| self.c.proto(e))?;
+        if waiting && !self.copies.is_empty() {
+            // Copies into GPU memory finish without a completion to wake the shell.
+            self.drain_ring()?;
+        }
         let moved = waiting && self.progress()?;
         if let Some(n) = self.eng.take(slot, sizes).map_err(|e| self.c.proto(e))? {
             return Ok(Some(n));

@@ -1,0 +1,137 @@
+//! Eager payloads out of the ring: into host memory by a memcpy, finished at once; into GPU
+//! memory (GPUDirect receive buffers) by an asynchronous CUDA copy on the GPU's own stream,
+//! finished when the fence recorded after it is reached. NCCL's proxy thread never waits for a
+//! GPU: the ring slot, and the receive, are released only once the copy is done
+//! (`RecvEngine::copy_done`, called in the engine's order).
+
+use crate::error::{Error, Result};
+use crate::gpu::cuda;
+use crate::gpu::staging::{Copier, CudaCopier, FENCES};
+use std::collections::VecDeque;
+
+/// The copies not yet reported to the engine, oldest first: `Some(fence)` a GPU copy, `None` a
+/// host copy that finished but waits behind an earlier GPU copy (the engine releases in order).
+#[derive(Default)]
+pub struct Order(VecDeque<Option<usize>>);
+
+impl Order {
+    /// How many copies at the front are finished (`reached` says for a fence); they leave.
+    pub fn retire(&mut self, mut reached: impl FnMut(usize) -> Result<bool>) -> Result<usize> {
+        let mut n = 0;
+        while let Some(&front) = self.0.front() {
+            if let Some(f) = front {
+                if !reached(f)? {
+                    break;
+                }
+            }
+            self.0.pop_front();
+            n += 1;
+        }
+        Ok(n)
+    }
+    pub fn push(&mut self, fence: Option<usize>) {
+        self.0.push_back(fence);
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[derive(Default)]
+pub struct EagerCopies {
+    /// The copier of the GPU the comm's GPU buffers are on, made at the first GPU-bound copy.
+    gpu: Option<CudaCopier>,
+    order: Order,
+}
+
+impl EagerCopies {
+    /// Copy `len` bytes from the payload of ring slot `slot` at `src` to `dst` (GPU memory when
+    /// `gpu`). Returns whether the copy may be reported done now; otherwise `retire` reports it.
+    ///
+    /// # Safety
+    /// `src` is `len` bytes of ring slot `slot` (< FENCES), left alone until the copy is
+    /// reported done; `[dst, dst+len)` is memory of a posted receive, the comm's until then
+    /// (GPU memory when `gpu`, host memory otherwise).
+    pub unsafe fn copy(&mut self, slot: usize, dst: u64, src: *const u8, len: usize, gpu: bool) -> Result<bool> {
+        if !gpu {
+            // SAFETY: the caller's promise: host memory at both ends, `len` bytes each.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) };
+            if self.order.is_empty() {
+                return Ok(true);
+            }
+            self.order.push(None);
+            return Ok(false);
+        }
+        let ordinal = cuda::pointer_ordinal(dst as usize)?;
+        let c = match &mut self.gpu {
+            Some(c) if c.ordinal == ordinal => c,
+            Some(c) => {
+                return Err(Error::usage(format!(
+                    "an eager message for GPU memory of CUDA device {ordinal} on a comm whose GPU buffers are on CUDA device {}: one comm serves one GPU",
+                    c.ordinal
+                )))
+            }
+            None => self.gpu.insert(CudaCopier::new(ordinal, cuda::bus_id(ordinal)?)?),
+        };
+        let fence = slot % FENCES;
+        // SAFETY: the caller's promise; `src` is registered host memory (the ring), readable by
+        // the copy engine, and `dst` device memory of this copier's GPU (its ordinal checked).
+        unsafe { c.to_device(dst as usize, src, len)? };
+        c.fence(fence)?;
+        self.order.push(Some(fence));
+        Ok(false)
+    }
+
+    /// How many earlier copies have finished since the last call, in order: the caller reports
+    /// each to the engine.
+    pub fn retire(&mut self) -> Result<usize> {
+        if self.order.is_empty() {
+            return Ok(0);
+        }
+        let gpu = &mut self.gpu;
+        self.order.retire(|f| gpu.as_mut().map_or(Ok(true), |c| c.reached(f)))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+impl Drop for EagerCopies {
+    fn drop(&mut self) {
+        // The ring the copies read goes after this: wait (bounded) for copies still running.
+        if let Some(c) = &mut self.gpu {
+            if !self.order.is_empty() && !c.drain() {
+                log::warn!("NET/rivet: closing a receive comm while a copy into GPU memory still runs after 2 s");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_are_reported_in_order_and_only_once_finished() {
+        let mut o = Order::default();
+        o.push(Some(3)); // a GPU copy
+        o.push(None); // a host copy behind it
+        o.push(Some(5));
+        let mut done = [false; 8];
+        assert_eq!(o.retire(|f| Ok(done[f])).unwrap(), 0, "nothing before the first GPU copy is done");
+        done[5] = true;
+        assert_eq!(o.retire(|f| Ok(done[f])).unwrap(), 0, "a later copy finishing first releases nothing");
+        done[3] = true;
+        assert_eq!(o.retire(|f| Ok(done[f])).unwrap(), 3);
+        assert!(o.is_empty());
+        assert_eq!(o.retire(|_| unreachable!()).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_failed_fence_query_is_an_error() {
+        let mut o = Order::default();
+        o.push(Some(0));
+        assert!(o.retire(|_| Err(Error::system("cuEventQuery failed"))).is_err());
+    }
+}
