@@ -17,6 +17,7 @@ pub mod reg;
 pub mod res;
 pub mod select;
 pub mod send;
+pub mod survey;
 
 use crate::config;
 use crate::error::{Error, Result};
