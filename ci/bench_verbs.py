@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """rivet over RDMA verbs against perftest on the same Soft-RoCE link, in one VM run.
 
-    python3 ci/bench_verbs.py [--rounds 5] [--mtu 9000] [--baseline OLD.so]
+    python3 ci/bench_verbs.py [--rounds 5] [--mtu 9000] [--baseline OLD.so] [--only 64K|1M|16M] [--hog]
 
 Builds the release plugin and CLI, boots the Soft-RoCE VM (ci/vm/run-vm.sh) with the veth MTU
 given (9000: rxe active_mtu 4096) and runs ROUNDS rounds of: ib_write_bw at 64 KiB, 1 MiB and
 16 MiB plus ib_write_lat at 8 bytes (rxe0 -> rxe1), then `rivet perf --dev 0,1` (rank 0 on rxe0
 sends to rank 1 on rxe1) at the same sizes and its 8-byte one-way ping-pong latency, each rivet
 measurement right after the perftest one it is compared with. Prints the
-median of each with the ratio rivet / perftest. Emulation is noisy: quote medians, not one run.
+median of each with the ratio rivet / perftest; latency as p50, p90, p99, max and average (each
+per round of 1000 pings, then the median over the rounds; perftest reports no p90). `--hog` runs
+one busy loop per guest vCPU at nice 19 throughout: the latency tail of a host whose CPUs are
+taken. Emulation is noisy: quote medians, not one run.
 `--baseline` names an earlier build of the plugin (for example one built from an older commit
 with `git worktree`): each rivet measurement is then repeated through it, interleaved in the same
 rounds, and the table gets its column and the ratio now / before.
@@ -24,6 +27,7 @@ def main():
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--baseline", help="an earlier libnccl-net-rivet.so to measure in the same rounds")
     ap.add_argument("--only", choices=["64K", "1M", "16M"], help="measure only this streaming size (no latency)")
+    ap.add_argument("--hog", action="store_true", help="one busy loop per guest vCPU at nice 19 for the whole run")
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
     share = os.path.join(ROOT, "target", "vm", "bench")
@@ -36,8 +40,9 @@ def main():
     if a.baseline:
         shutil.copy(a.baseline, os.path.join(share, "baseline.so"))
     args.append("/mnt/host/baseline.so" if a.baseline else "-")
-    if a.only:
-        args.append({"64K": "65536:1500:96M", "1M": "1048576:120:120M", "16M": "16777216:6:128M"}[a.only])
+    args.append({"64K": "65536:1500:96M", "1M": "1048576:120:120M", "16M": "16777216:6:128M"}[a.only] if a.only else "-")
+    if a.hog:
+        args.append("hog")
     out = subprocess.run([os.path.join(ROOT, "ci/vm/run-vm.sh"), "--share", share, "--mtu", str(a.mtu), "--timeout", "3600"] + args,
                          cwd=ROOT, capture_output=True, text=True)
     log = out.stdout + out.stderr
@@ -45,31 +50,36 @@ def main():
         f.write(log)
     if out.returncode != 0:
         sys.exit(f"the VM run failed (exit {out.returncode}):\n{log}")
-    pt_bw, pt_lat, pt_avg = {}, [], []
-    rv_bw, rv_lat, rv_avg = {}, [], []
-    base_bw, base_lat, base_avg = {}, [], []
+    # Latency samples per statistic: "p50", "p90", "p99", "max", "avg" -> one value per round.
+    pt_bw, pt = {}, {}
+    rv_bw, rv = {}, {}
+    base_bw, bs = {}, {}
     for line in log.splitlines():
         # perftest's "MB/sec" is MiB/s (it divides by 0x100000); take the average, not the peak.
         m = re.match(r"PERFTEST write_bw size=(\d+) .* MBps=([\d.]+)", line)
         if m:
             pt_bw.setdefault(int(m[1]), []).append(float(m[2]))
-        m = re.match(r"PERFTEST write_lat size=8 .*usec_typical=([\d.]+) usec_avg=([\d.]+)", line)
+        m = re.match(r"PERFTEST write_lat size=8 .*usec_typical=([\d.]+) usec_avg=([\d.]+) usec_p99=([\d.]+) usec_max=([\d.]+)", line)
         if m:
-            pt_lat.append(float(m[1]))
-            pt_avg.append(float(m[2]))
+            for k, v in zip(["p50", "avg", "p99", "max"], m.groups()):
+                pt.setdefault(k, []).append(float(v))
         # rivet perf rows: size, iterations, microseconds per message, GB/s; MiB/s from the time.
-        for prefix, bw, lat, avg in [("RIVET", rv_bw, rv_lat, rv_avg), ("BASE", base_bw, base_lat, base_avg)]:
+        for prefix, bw, lat in [("RIVET", rv_bw, rv), ("BASE", base_bw, bs)]:
             m = re.match(prefix + r"\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$", line)
             if m:
                 bw.setdefault(int(m[1]), []).append(int(m[1]) / (float(m[3]) / 1e6) / 2**20)
-            m = re.search(prefix + r".*latency \(8 B ping-pong, one way\): typical ([\d.]+) us, average ([\d.]+) us", line)
+            # (A baseline built before the tail was reported prints only typical and average.)
+            m = re.search(prefix + r".*latency \(8 B ping-pong, one way\): typical ([\d.]+) us, average ([\d.]+) us"
+                          r"(?:, p90 ([\d.]+) us, p99 ([\d.]+) us, max ([\d.]+) us)?", line)
             if m:
-                lat.append(float(m[1]))
-                avg.append(float(m[2]))
+                for k, v in zip(["p50", "avg", "p90", "p99", "max"], m.groups()):
+                    if v is not None:
+                        lat.setdefault(k, []).append(float(v))
     med = statistics.median
     info = next((l for l in log.splitlines() if l.startswith("PERFTEST info")), "")
     print(f"# Soft-RoCE rxe0 -> rxe1, veth MTU {a.mtu} ({info.split('active_mtu=')[-1].split()[0] if info else '?'} active), "
-          f"median of {a.rounds} rounds (all rounds: target/vm/bench.log)")
+          f"median of {a.rounds} rounds (all rounds: target/vm/bench.log)"
+          + (", one busy loop per vCPU at nice 19 throughout" if a.hog else ""))
     base = bool(a.baseline)
     extra = " before MiB/s | now / before |" if base else ""
     print(f"| {'size':>8} | {'ib_write_bw MiB/s':>17} | {'rivet MiB/s':>11} | {'ratio':>5} |{extra}")
@@ -82,14 +92,18 @@ def main():
             b = med(base_bw.get(size, [0]))
             row += f" {b:.1f} | {r / b if b else 0:.2f} |"
         print(row)
-    if pt_lat and rv_lat:
+    if pt and rv:
+        # Each statistic is taken per round (1000 pings), then its median over the rounds.
         print(f"\n| 8 B one-way latency | ib_write_lat us | rivet us | ratio |" + (" before us | now / before |" if base else ""))
         print("|---|---:|---:|---:|" + ("---:|---:|" if base else ""))
-        rows = [("typical (median)", pt_lat, rv_lat, base_lat), ("average", pt_avg, rv_avg, base_avg)]
-        for name, p, r, b in rows:
-            row = f"| {name} | {med(p):.1f} | {med(r):.1f} | {med(r) / med(p):.2f} |"
-            if base and b:
-                row += f" {med(b):.1f} | {med(r) / med(b):.2f} |"
+        names = [("p50 (typical)", "p50"), ("p90", "p90"), ("p99", "p99"), ("max", "max"), ("average", "avg")]
+        for name, k in names:
+            r = med(rv[k])
+            p = med(pt[k]) if k in pt else None
+            row = f"| {name} | {p:.1f} | {r:.1f} | {r / p:.2f} |" if p else f"| {name} | n/a | {r:.1f} | |"
+            if base and k in bs:
+                b = med(bs[k])
+                row += f" {b:.1f} | {r / b:.2f} |"
             print(row)
     measured = list(pt_bw.values()) + list(rv_bw.values()) + (list(base_bw.values()) if base else [])
     if any(len(v) < a.rounds for v in measured):

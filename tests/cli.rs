@@ -151,6 +151,33 @@ fn perf_without_latency_test() {
     assert!(rows[1].split_whitespace().next() == Some("1048576"), "{out}");
 }
 
+/// `--abi N` drives the plugin through its ncclNetPlugin_vN table, as an NCCL of that version
+/// would (the same code drives the peer plugins, whose newest tables differ): every version moves
+/// the data, says which table it used, and reports the latency tail.
+#[test]
+fn perf_through_every_table_version() {
+    for v in 6..=12 {
+        let o = rivet(&["perf", "--abi", &v.to_string(), "--lat-iters", "200", "--sizes", "64K,1M", "--bytes", "4M"]);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "v{v}: {out}{err}");
+        assert!(out.contains(&format!("(ncclNet v{v}, plugin rivet)")), "v{v}: {out}");
+        let lat = out.lines().find(|l| l.starts_with("# latency")).unwrap_or_else(|| panic!("v{v}: no latency line: {out}"));
+        let num = |k: &str| -> f64 {
+            let i = lat.find(k).unwrap_or_else(|| panic!("v{v}: no {k} in {lat}")) + k.len();
+            lat[i..].split_whitespace().next().unwrap().parse().unwrap()
+        };
+        let (p50, p90, p99, max) = (num("typical "), num("p90 "), num("p99 "), num("max "));
+        assert!(p50 > 0.0 && p50 <= p90 && p90 <= p99 && p99 <= max, "v{v}: percentiles out of order: {lat}");
+        let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(rows.len(), 2, "v{v}: {out}");
+    }
+    let o = rivet(&["info", "--abi", "9"]);
+    let (out, err) = text(&o);
+    assert!(out.contains("plugin: rivet through ncclNetPlugin_v9"), "{out}{err}");
+    let o = rivet(&["perf", "--abi", "5"]);
+    assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
+}
+
 /// nccl-tests' all_reduce_perf layout, parsed as scripts written for nccl-tests parse it: the
 /// header, one `#  Rank` line per rank, 13 columns per row (size, count, type, redop, root, and
 /// time/algbw/busbw/#wrong twice), sizes stepping by the factor with count = size / 4, and the

@@ -4,6 +4,7 @@
 mod allreduce;
 mod doctor;
 mod net;
+mod table;
 mod peer;
 mod perf;
 mod soak;
@@ -58,9 +59,12 @@ enum Cmd {
 
 #[derive(Args, Clone)]
 pub struct LibOpt {
-    /// The plugin library to load [default: $RIVET_LIB, else libnccl-net-rivet.so next to this executable]
+    /// The plugin library to load [default: $RIVET_LIB, else libnccl-net-rivet.so next to this executable]: rivet, or any ncclNet plugin
     #[arg(long, value_name = "PATH")]
     pub lib: Option<PathBuf>,
+    /// The ncclNet table version to drive it through (6-12) [default: the newest it exports]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(6..=12))]
+    pub abi: Option<u32>,
 }
 
 /// Options every multi-process mode takes.
@@ -122,6 +126,12 @@ fn run(cli: Cli) -> Res<i32> {
             let mut full = vec!["rivet".to_string()];
             full.extend(p.argv);
             let inner = Cli::try_parse_from(full).map_err(|e| format!("peer: {e}"))?;
+            net::set_abi(match &inner.cmd {
+                Cmd::Perf(o) => o.common.lib.abi,
+                Cmd::Allreduce(o) => o.common.lib.abi,
+                Cmd::Soak(o) => o.common.lib.abi,
+                _ => None,
+            });
             let wrong = match inner.cmd {
                 Cmd::Perf(o) => perf::peer(&p.lib, p.rank, p.nranks, &o)?,
                 Cmd::Allreduce(o) => allreduce::peer(&p.lib, p.rank, p.nranks, &o)?,
@@ -175,8 +185,10 @@ fn run(cli: Cli) -> Res<i32> {
         }
         Cmd::Info(l) => {
             let lib = net::find_library(l.lib.as_deref())?;
+            net::set_abi(l.abi);
             let n = net::Net::load(&lib)?;
             println!("library: {}", std::fs::canonicalize(&n.path).unwrap_or(n.path.clone()).display());
+            println!("plugin: {} through ncclNetPlugin_v{}", n.name(), n.version());
             for d in 0..n.ndev()? {
                 let p = n.props(d)?;
                 println!(
@@ -211,7 +223,6 @@ fn run(cli: Cli) -> Res<i32> {
 
 fn main() {
     // A closed stdout (`rivet topo | head -1`) ends the program quietly, as it does `cat`.
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
     // SAFETY: restoring SIGPIPE's default action, before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();

@@ -1,8 +1,10 @@
-//! The CLI's view of the plugin: the built `.so` loaded with dlopen and driven through its
-//! `ncclNetPlugin_v12` table, exactly as NCCL drives it.
+//! The CLI's view of the plugin: the built `.so` (or any ncclNet plugin) loaded with dlopen and
+//! driven through its newest table (or the one `--abi` names), exactly as NCCL drives it.
 
+use crate::table::{self, Accept, Connect, Init, Irecv, Isend, Listen, RegMr, Table};
 use nccl_net_rivet::abi::types::*;
 use nccl_net_rivet::transport::MAX_RECVS;
+use std::sync::OnceLock;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -11,7 +13,7 @@ pub type Res<T> = Result<T, String>;
 
 pub struct Net {
     _lib: libloading::Library,
-    t: &'static ncclNet_v12_t,
+    t: Table,
     ctx: *mut c_void,
     pub path: PathBuf,
     pub timeout: Duration,
@@ -72,6 +74,23 @@ impl std::ops::Deref for Props {
     }
 }
 
+/// The ncclNet version `--abi` asked for (None: the newest the plugin exports), set once by
+/// `main` for every process of a run (the peers parse the same command line).
+static ABI: OnceLock<Option<u32>> = OnceLock::new();
+
+pub fn set_abi(v: Option<u32>) {
+    let _ = ABI.set(v);
+}
+
+fn abi() -> Option<u32> {
+    ABI.get().copied().flatten()
+}
+
+/// A size for a table of v6–v8, whose sizes are C ints.
+fn int(what: &str, n: usize) -> Res<std::ffi::c_int> {
+    std::ffi::c_int::try_from(n).map_err(|_| format!("{what} of {n} bytes: this ncclNet version takes sizes up to 2 GiB - 1 (int)"))
+}
+
 fn check(what: &str, r: ncclResult_t) -> Res<()> {
     if r == NCCL_SUCCESS {
         Ok(())
@@ -85,33 +104,47 @@ impl Net {
         // SAFETY: loading an ncclNet plugin runs its initializers, as NCCL's dlopen does; the user
         // named this library as one.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("dlopen {}: {e}", path.display()))?;
-        // SAFETY: ncclNetPlugin_v12 is, in every ncclNet plugin, a static ncclNet_v12_t.
-        let sym: libloading::Symbol<*const ncclNet_v12_t> = unsafe { lib.get(b"ncclNetPlugin_v12\0") }
-            .map_err(|e| format!("{} has no ncclNetPlugin_v12: {e}", path.display()))?;
-        // SAFETY: the table is a static of the library, which `Net` keeps loaded as long as it
-        // lives (the reference never leaves it for longer: `t` is only used through `self`).
-        let t: &'static ncclNet_v12_t = unsafe { &**sym };
+        // The functions read out of the table are used only through `self`, which keeps the
+        // library loaded as long as it lives.
+        let t = table::load(&lib, path, abi())?;
         let mut ctx = std::ptr::null_mut();
         let mut cfg = ncclNetCommConfig_t { trafficClass: -1 };
-        // SAFETY: (here and in each call into the table below) the plugin's functions with the
-        // v12 signatures, called with live out-parameters and with handles this plugin returned.
-        check("init", unsafe { t.init.unwrap()(&mut ctx, 0x5249_5645, &mut cfg, None, None) })?;
+        // SAFETY: (here and in each call into the table below) the plugin's functions with their
+        // version's signatures, called with live out-parameters and with handles this plugin
+        // returned.
+        let r = unsafe {
+            match t.init {
+                Init::Plain(f) => f(None),
+                Init::Profiler(f) => f(None, None),
+                Init::Ctx(f) => f(&mut ctx, 0x5249_5645, &mut cfg, None, None),
+            }
+        };
+        check("init", r)?;
         let timeout = Duration::from_secs(nccl_net_rivet::config::get().timeout_secs + 5);
         Ok(Net { _lib: lib, t, ctx, path: path.to_path_buf(), timeout })
+    }
+
+    /// The ncclNet version of the table in use.
+    pub fn version(&self) -> u32 {
+        self.t.version
+    }
+
+    /// The plugin's name, as its table gives it.
+    pub fn name(&self) -> &str {
+        self.t.name
     }
 
     pub fn ndev(&self) -> Res<i32> {
         let mut n = 0;
         // SAFETY: see `load`.
-        check("devices", unsafe { self.t.devices.unwrap()(&mut n) })?;
+        check("devices", unsafe { (self.t.devices)(&mut n) })?;
         Ok(n)
     }
 
     pub fn props(&self, dev: i32) -> Res<Props> {
-        // SAFETY: plain C data; all-zero is valid (null pointers).
-        let mut p: ncclNetProperties_v12_t = unsafe { std::mem::zeroed() };
         // SAFETY: see `load`.
-        check("getProperties", unsafe { self.t.getProperties.unwrap()(dev, &mut p) })?;
+        let (r, p) = unsafe { self.t.props.get(dev) };
+        check("getProperties", r)?;
         // SAFETY: getProperties returned success: name and pciPath are NULL or NUL-terminated
         // strings the plugin keeps while it is loaded (the ncclNet contract).
         let (name, pci_path) = unsafe { (cstr(p.name), cstr(p.pciPath)) };
@@ -122,7 +155,15 @@ impl Net {
         let mut h = [0u8; 128];
         let mut lc = std::ptr::null_mut();
         // SAFETY: see `load`; `h` is a 128-byte handle buffer (NCCL_NET_HANDLE_MAXSIZE).
-        check("listen", unsafe { self.t.listen.unwrap()(self.ctx, dev, h.as_mut_ptr() as *mut c_void, &mut lc) })?;
+        let hp = h.as_mut_ptr() as *mut c_void;
+        // SAFETY: as above.
+        let r = unsafe {
+            match self.t.listen {
+                Listen::Plain(f) => f(dev, hp, &mut lc),
+                Listen::Ctx(f) => f(self.ctx, dev, hp, &mut lc),
+            }
+        };
+        check("listen", r)?;
         Ok((h, lc))
     }
 
@@ -132,16 +173,29 @@ impl Net {
         let deadline = Instant::now() + self.timeout;
         while sc.is_null() || rc.is_null() {
             if sc.is_null() {
-                let mut dc = std::ptr::null_mut();
+                let (mut dc, hp) = (std::ptr::null_mut(), peer.as_mut_ptr() as *mut c_void);
+                let mut cfg = ncclNetCommConfig_t { trafficClass: -1 };
                 // SAFETY: see `load`; `peer` is the 128-byte handle, the same buffer each call.
-                check("connect", unsafe {
-                    self.t.connect.unwrap()(self.ctx, dev, peer.as_mut_ptr() as *mut c_void, &mut sc, &mut dc)
-                })?;
+                let r = unsafe {
+                    match self.t.connect {
+                        Connect::V6(f) => f(dev, hp, &mut sc),
+                        Connect::Dev(f) => f(dev, hp, &mut sc, &mut dc),
+                        Connect::Config(f) => f(dev, &mut cfg, hp, &mut sc, &mut dc),
+                        Connect::Ctx(f) => f(self.ctx, dev, hp, &mut sc, &mut dc),
+                    }
+                };
+                check("connect", r)?;
             }
             if rc.is_null() {
                 let mut dc = std::ptr::null_mut();
                 // SAFETY: see `load`.
-                check("accept", unsafe { self.t.accept.unwrap()(lc, &mut rc, &mut dc) })?;
+                let r = unsafe {
+                    match self.t.accept {
+                        Accept::V6(f) => f(lc, &mut rc),
+                        Accept::Dev(f) => f(lc, &mut rc, &mut dc),
+                    }
+                };
+                check("accept", r)?;
             }
             if Instant::now() > deadline {
                 return Err("connection setup timed out".into());
@@ -152,12 +206,9 @@ impl Net {
 
     /// Register a buffer; the caller keeps it (and does not move it) until it is deregistered.
     pub fn reg(&self, comm: *mut c_void, buf: &mut [u8]) -> Res<*mut c_void> {
-        let mut mh = std::ptr::null_mut();
-        // SAFETY: see `load`; the buffer is `buf.len()` bytes (registration reads nothing).
-        check("regMr", unsafe {
-            self.t.regMr.unwrap()(comm, buf.as_mut_ptr() as *mut c_void, buf.len(), NCCL_PTR_HOST, &mut mh)
-        })?;
-        Ok(mh)
+        // SAFETY: the buffer is `buf.len()` bytes of host memory, which the caller keeps until the
+        // registration is released.
+        unsafe { self.reg_ptr(comm, buf.as_mut_ptr(), buf.len(), NCCL_PTR_HOST) }
     }
 
     /// Register `len` bytes at `p` of pointer type `ty` (NCCL_PTR_HOST or NCCL_PTR_CUDA).
@@ -167,13 +218,19 @@ impl Net {
     pub unsafe fn reg_ptr(&self, comm: *mut c_void, p: *mut u8, len: usize, ty: i32) -> Res<*mut c_void> {
         let mut mh = std::ptr::null_mut();
         // SAFETY: see `load`, and the caller's promise for the buffer.
-        check("regMr", unsafe { self.t.regMr.unwrap()(comm, p as *mut c_void, len, ty, &mut mh) })?;
+        let r = unsafe {
+            match self.t.reg_mr {
+                RegMr::Int(f) => f(comm, p as *mut c_void, int("regMr", len)?, ty, &mut mh),
+                RegMr::Size(f) => f(comm, p as *mut c_void, len, ty, &mut mh),
+            }
+        };
+        check("regMr", r)?;
         Ok(mh)
     }
 
     pub fn dereg(&self, comm: *mut c_void, mh: *mut c_void) -> Res<()> {
         // SAFETY: see `load`.
-        check("deregMr", unsafe { self.t.deregMr.unwrap()(comm, mh) })
+        check("deregMr", unsafe { (self.t.dereg_mr)(comm, mh) })
     }
 
     /// Call a posting attempt until it returns a request: a NULL request is the plugin's
@@ -211,8 +268,16 @@ impl Net {
     /// request completes or the comm is closed.
     pub unsafe fn try_isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<Option<*mut c_void>> {
         let mut req = std::ptr::null_mut();
+        let (data, null) = (p as *mut c_void, std::ptr::null_mut());
         // SAFETY: see `load`, and the caller's promise for the buffer.
-        check("isend", unsafe { self.t.isend.unwrap()(sc, p as *mut c_void, size, tag, mh, std::ptr::null_mut(), &mut req) })?;
+        let r = unsafe {
+            match self.t.isend {
+                Isend::Int(f) => f(sc, data, int("isend", size)?, tag, mh, &mut req),
+                Isend::Size(f) => f(sc, data, size, tag, mh, &mut req),
+                Isend::Phandle(f) => f(sc, data, size, tag, mh, null, &mut req),
+            }
+        };
+        check("isend", r)?;
         Ok((!req.is_null()).then_some(req))
     }
 
@@ -228,24 +293,23 @@ impl Net {
             return Err(format!("irecv of {} buffers: 1 to {MAX} are allowed", bufs.len()));
         }
         let (mut data, mut sizes, mut tags, mut mhs) = ([std::ptr::null_mut(); MAX], [0usize; MAX], [0i32; MAX], [std::ptr::null_mut(); MAX]);
+        let mut isizes = [0 as std::ffi::c_int; MAX];
         for (i, b) in bufs.iter().enumerate() {
             (data[i], sizes[i], tags[i], mhs[i]) = (b.0 as *mut c_void, b.1, b.2, b.3);
+            isizes[i] = if matches!(self.t.irecv, Irecv::Int(_)) { int("irecv", b.1)? } else { 0 };
         }
-        let mut req = std::ptr::null_mut();
-        // SAFETY: see `load`; the four arrays hold `bufs.len()` entries each, and the caller's
-        // promise covers the buffers.
-        check("irecv", unsafe {
-            self.t.irecv.unwrap()(
-                rc,
-                bufs.len() as i32,
-                data.as_mut_ptr(),
-                sizes.as_mut_ptr(),
-                tags.as_mut_ptr(),
-                mhs.as_mut_ptr(),
-                std::ptr::null_mut(),
-                &mut req,
-            )
-        })?;
+        let (mut req, n) = (std::ptr::null_mut(), bufs.len() as i32);
+        let (d, t, m, null) = (data.as_mut_ptr(), tags.as_mut_ptr(), mhs.as_mut_ptr(), std::ptr::null_mut());
+        // SAFETY: see `load`; the arrays hold `bufs.len()` entries each, and the caller's promise
+        // covers the buffers.
+        let r = unsafe {
+            match self.t.irecv {
+                Irecv::Int(f) => f(rc, n, d, isizes.as_mut_ptr(), t, m, &mut req),
+                Irecv::Size(f) => f(rc, n, d, sizes.as_mut_ptr(), t, m, &mut req),
+                Irecv::Phandle(f) => f(rc, n, d, sizes.as_mut_ptr(), t, m, null, &mut req),
+            }
+        };
+        check("irecv", r)?;
         Ok((!req.is_null()).then_some(req))
     }
 
@@ -256,7 +320,7 @@ impl Net {
         // Room for the most buffers any request has (maxRecvs), whatever the caller's count.
         let mut all = [0i32; MAX_RECVS];
         // SAFETY: see `load`; `done` and `all` are locals, `all` as large as any request's sizes.
-        check("test", unsafe { self.t.test.unwrap()(req, &mut done, all.as_mut_ptr()) })?;
+        check("test", unsafe { (self.t.test)(req, &mut done, all.as_mut_ptr()) })?;
         let n = sizes.len().min(MAX_RECVS);
         sizes[..n].copy_from_slice(&all[..n]);
         Ok(done != 0)
@@ -271,17 +335,19 @@ impl Net {
     pub fn close(&self, sc: *mut c_void, rc: *mut c_void, lc: *mut c_void) {
         // SAFETY: see `load`; each handle is closed once (the caller's ring forgets them).
         unsafe {
-            self.t.closeSend.unwrap()(sc);
-            self.t.closeRecv.unwrap()(rc);
-            self.t.closeListen.unwrap()(lc);
+            (self.t.close_send)(sc);
+            (self.t.close_recv)(rc);
+            (self.t.close_listen)(lc);
         }
     }
 }
 
 impl Drop for Net {
     fn drop(&mut self) {
-        // SAFETY: see `load`; the context from init, finalized once.
-        unsafe { self.t.finalize.unwrap()(self.ctx) };
+        if let Some(f) = self.t.finalize {
+            // SAFETY: see `load`; the context from init (v11+), finalized once.
+            unsafe { f(self.ctx) };
+        }
     }
 }
 

@@ -157,9 +157,11 @@ impl Ring {
             return Err(format!("device {dev} does not exist: the plugin reports {ndev} device(s) (see `rivet info`)"));
         }
         let (h, lc) = net.listen(dev)?;
+        // rivet's handle says which transport it chose; another plugin's handle is its own.
         let transport = match nccl_net_rivet::proto::Handle::decode(&h).map(|h| h.transport) {
             Ok(nccl_net_rivet::proto::TRANSPORT_VERBS) => "RDMA verbs",
-            _ => "TCP",
+            Ok(_) => "TCP",
+            Err(_) => "the plugin's transport",
         };
         if describe {
             let p = net.props(dev)?;

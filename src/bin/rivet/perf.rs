@@ -73,14 +73,17 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let p = net.props(r.dev)?;
     let name = p.name.clone();
     let cfg = nccl_net_rivet::config::get();
-    let lanes = if r.transport == "TCP" {
-        format!("{} stream(s)", cfg.socket_nstreams)
-    } else {
-        format!("{} QP(s)", cfg.ib_qps)
+    // rivet's own settings say how many lanes a connection has; another plugin's are its own.
+    let lanes = match (net.name(), r.transport) {
+        ("rivet", "TCP") => format!(", {} stream(s)", cfg.socket_nstreams),
+        ("rivet", _) => format!(", {} QP(s)", cfg.ib_qps),
+        _ => String::new(),
     };
     r.out(&format!(
-        "# rivet perf: {} dev {} ({name}, {} Mb/s), {}, {lanes}, window {}, {} buffers",
+        "# rivet perf: {} (ncclNet v{}, plugin {}) dev {} ({name}, {} Mb/s), {}{lanes}, window {}, {} buffers",
         net.path.display(),
+        net.version(),
+        net.name(),
         r.dev,
         p.speed,
         r.transport,
@@ -91,7 +94,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     // Latency: rank 0 sends 8 bytes, rank 1 echoes them. Each side keeps its next receive posted
     // ahead (as NCCL does), so a clear-to-send is never on the critical path. Rank 0 times every
     // round trip with the cycle counter (as perftest does: reading the clock can be a system call
-    // in a VM) and reports the median ("typical") and the mean, halved.
+    // in a VM) and reports the median ("typical"), the mean, and the tail (p90, p99, max), halved.
     let warm = if lat_iters == 0 { 0 } else { 100 };
     let mut rtts: Vec<u64> = Vec::with_capacity(lat_iters);
     let (mut t0, mut c0) = (Instant::now(), cycles());
@@ -131,9 +134,13 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     if rank == 0 && !rtts.is_empty() {
         let us_per_cycle = t0.elapsed().as_secs_f64() * 1e6 / cycles().wrapping_sub(c0).max(1) as f64;
         rtts.sort_unstable();
-        let typical = rtts[rtts.len() / 2] as f64 * us_per_cycle / 2.0;
+        let one_way = |c: u64| c as f64 * us_per_cycle / 2.0;
         let mean = rtts.iter().sum::<u64>() as f64 / rtts.len() as f64 * us_per_cycle / 2.0;
-        r.out(&format!("# latency (8 B ping-pong, one way): typical {typical:.2} us, average {mean:.2} us"));
+        let [p50, p90, p99] = [50, 90, 99].map(|p| one_way(percentile(&rtts, p)));
+        let max = one_way(*rtts.last().unwrap());
+        r.out(&format!(
+            "# latency (8 B ping-pong, one way): typical {p50:.2} us, average {mean:.2} us, p90 {p90:.2} us, p99 {p99:.2} us, max {max:.2} us"
+        ));
     }
     r.out(&format!("#{:>12} {:>8} {:>12} {:>10}", "size(B)", "iters", "time(us)", "GB/s"));
 
@@ -184,6 +191,13 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     Ok(wrong)
 }
 
+/// The `p`-th percentile of sorted, non-empty samples (nearest rank: the smallest sample with at
+/// least p % of them at or below it).
+fn percentile(sorted: &[u64], p: usize) -> u64 {
+    let rank = (sorted.len() * p).div_ceil(100).max(1);
+    sorted[rank.min(sorted.len()) - 1]
+}
+
 /// A cheap, monotonic cycle count (the TSC on x86_64; nanoseconds elsewhere).
 fn cycles() -> u64 {
     #[cfg(target_arch = "x86_64")]
@@ -195,5 +209,19 @@ fn cycles() -> u64 {
     {
         static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         T0.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!([50, 90, 99, 100].map(|p| percentile(&v, p)), [50, 90, 99, 100]);
+        assert_eq!(percentile(&[7], 99), 7);
+        let v = [1, 2, 3, 4, 1000];
+        assert_eq!((percentile(&v, 50), percentile(&v, 90), percentile(&v, 99)), (3, 1000, 1000));
     }
 }

@@ -1,0 +1,211 @@
+//! Any ncclNet plugin's table, whatever its version (v6 … v12), as one set of function shapes:
+//! the CLI drives rivet and the peer plugins (NCCL's IB transport as a plugin exports v6–v11,
+//! aws-ofi-nccl v6–v12) through the same code, as NCCL drives them.
+
+use crate::net::Res;
+use nccl_net_rivet::abi::types::*;
+use std::ffi::{c_int, c_void};
+
+type Vp = *mut c_void;
+type Vpp = *mut *mut c_void;
+type Dev = *mut *mut ncclNetDeviceHandle_t;
+
+#[derive(Clone, Copy)]
+pub enum Init {
+    Plain(unsafe extern "C" fn(ncclDebugLogger_t) -> ncclResult_t),
+    Profiler(unsafe extern "C" fn(ncclDebugLogger_t, ncclProfilerCallback_t) -> ncclResult_t),
+    Ctx(CtxInitFn),
+}
+
+#[derive(Clone, Copy)]
+pub enum Props {
+    V6(unsafe extern "C" fn(c_int, *mut ncclNetProperties_v6_t) -> ncclResult_t),
+    V7(unsafe extern "C" fn(c_int, *mut ncclNetProperties_v7_t) -> ncclResult_t),
+    V8(unsafe extern "C" fn(c_int, *mut ncclNetProperties_v8_t) -> ncclResult_t),
+    V9(unsafe extern "C" fn(c_int, *mut ncclNetProperties_v9_t) -> ncclResult_t),
+    V11(unsafe extern "C" fn(c_int, *mut ncclNetProperties_v11_t) -> ncclResult_t),
+    V12(unsafe extern "C" fn(c_int, *mut ncclNetProperties_v12_t) -> ncclResult_t),
+}
+
+#[derive(Clone, Copy)]
+pub enum Listen {
+    Plain(ListenFn),
+    Ctx(CtxListenFn),
+}
+
+#[derive(Clone, Copy)]
+pub enum Connect {
+    V6(unsafe extern "C" fn(c_int, Vp, Vpp) -> ncclResult_t),
+    Dev(unsafe extern "C" fn(c_int, Vp, Vpp, Dev) -> ncclResult_t),
+    Config(unsafe extern "C" fn(c_int, *mut ncclNetCommConfig_t, Vp, Vpp, Dev) -> ncclResult_t),
+    Ctx(CtxConnectFn),
+}
+
+#[derive(Clone, Copy)]
+pub enum Accept {
+    V6(unsafe extern "C" fn(Vp, Vpp) -> ncclResult_t),
+    Dev(AcceptDevFn),
+}
+
+#[derive(Clone, Copy)]
+pub enum RegMr {
+    Int(RegMrIntFn),
+    Size(RegMrFn),
+}
+
+#[derive(Clone, Copy)]
+pub enum Isend {
+    Int(IsendIntFn),
+    Size(IsendFn),
+    Phandle(IsendPFn),
+}
+
+#[derive(Clone, Copy)]
+pub enum Irecv {
+    Int(IrecvIntFn),
+    Size(IrecvFn),
+    Phandle(IrecvPFn),
+}
+
+/// The functions the CLI calls, in the shape of the table they came from.
+#[derive(Clone, Copy)]
+pub struct Table {
+    /// The ncclNet version of the table.
+    pub version: u32,
+    /// The plugin's name (what NCCL_NET= matches).
+    pub name: &'static str,
+    pub init: Init,
+    pub devices: DevicesFn,
+    pub props: Props,
+    pub listen: Listen,
+    pub connect: Connect,
+    pub accept: Accept,
+    pub reg_mr: RegMr,
+    pub dereg_mr: DeregMrFn,
+    pub isend: Isend,
+    pub irecv: Irecv,
+    pub test: TestFn,
+    pub close_send: CloseFn,
+    pub close_recv: CloseFn,
+    pub close_listen: CloseFn,
+    /// v11+: the context from init is finalized.
+    pub finalize: Option<CloseFn>,
+}
+
+fn req<T>(f: Option<T>, name: &str, v: u32) -> Res<T> {
+    f.ok_or_else(|| format!("the plugin's ncclNetPlugin_v{v} has no {name}"))
+}
+
+/// Read the table out of a loaded plugin: version `want`, or the newest it exports.
+pub fn load(lib: &libloading::Library, path: &std::path::Path, want: Option<u32>) -> Res<Table> {
+    let versions: Vec<u32> = match want {
+        Some(v @ 6..=12) => vec![v],
+        Some(v) => return Err(format!("--abi {v}: the ncclNet versions are 6 to 12")),
+        None => (6..=12).rev().collect(),
+    };
+    for v in versions {
+        let name = format!("ncclNetPlugin_v{v}\0");
+        // SAFETY: the symbol, when present, is the plugin's static table of that version (the
+        // ncclNet contract); only its address is taken here.
+        let Ok(sym) = (unsafe { lib.get::<*const c_void>(name.as_bytes()) }) else { continue };
+        let p: *const c_void = *sym;
+        // SAFETY: `p` is that table, a static of the library, which the caller keeps loaded as
+        // long as it uses the functions read out of it; each arm reads it as its version's type.
+        return unsafe { read(p, v) };
+    }
+    Err(match want {
+        Some(v) => format!("{} has no ncclNetPlugin_v{v}", path.display()),
+        None => format!("{} exports no ncclNetPlugin_v6 … v12 table: is it an ncclNet plugin?", path.display()),
+    })
+}
+
+/// # Safety
+/// `p` points to a live `ncclNet_v{v}_t`.
+unsafe fn read(p: *const c_void, v: u32) -> Res<Table> {
+    // The fields every version has with the same shape, and the closes.
+    macro_rules! common {
+        ($t:expr, $init:expr, $props:expr, $listen:expr, $connect:expr, $accept:expr, $reg:expr, $isend:expr, $irecv:expr, $fin:expr) => {{
+            let t = $t;
+            Table {
+                version: v,
+                // SAFETY: the table's name is NULL or a NUL-terminated static string of the
+                // library, which outlives the table's users (the caller's promise).
+                name: if t.name.is_null() { "" } else { unsafe { std::ffi::CStr::from_ptr(t.name) }.to_str().unwrap_or("") },
+                init: $init(req(t.init, "init", v)?),
+                devices: req(t.devices, "devices", v)?,
+                props: $props(req(t.getProperties, "getProperties", v)?),
+                listen: $listen(req(t.listen, "listen", v)?),
+                connect: $connect(req(t.connect, "connect", v)?),
+                accept: $accept(req(t.accept, "accept", v)?),
+                reg_mr: $reg(req(t.regMr, "regMr", v)?),
+                dereg_mr: req(t.deregMr, "deregMr", v)?,
+                isend: $isend(req(t.isend, "isend", v)?),
+                irecv: $irecv(req(t.irecv, "irecv", v)?),
+                test: req(t.test, "test", v)?,
+                close_send: req(t.closeSend, "closeSend", v)?,
+                close_recv: req(t.closeRecv, "closeRecv", v)?,
+                close_listen: req(t.closeListen, "closeListen", v)?,
+                finalize: $fin(t),
+            }
+        }};
+    }
+    Ok(match v {
+        // SAFETY: the caller's promise: `p` is a live ncclNet_v6_t.
+        6 => common!(unsafe { &*(p as *const ncclNet_v6_t) }, Init::Plain, Props::V6, Listen::Plain, Connect::V6, Accept::V6, RegMr::Int, Isend::Int, Irecv::Int, |_| None),
+        // SAFETY: the caller's promise: `p` is a live ncclNet_v7_t.
+        7 => common!(unsafe { &*(p as *const ncclNet_v7_t) }, Init::Plain, Props::V7, Listen::Plain, Connect::Dev, Accept::Dev, RegMr::Int, Isend::Int, Irecv::Int, |_| None),
+        // SAFETY: the caller's promise: `p` is a live ncclNet_v8_t.
+        8 => common!(unsafe { &*(p as *const ncclNet_v8_t) }, Init::Plain, Props::V8, Listen::Plain, Connect::Dev, Accept::Dev, RegMr::Size, Isend::Int, Irecv::Int, |_| None),
+        // SAFETY: the caller's promise: `p` is a live ncclNet_v9_t.
+        9 => common!(unsafe { &*(p as *const ncclNet_v9_t) }, Init::Plain, Props::V9, Listen::Plain, Connect::Dev, Accept::Dev, RegMr::Size, Isend::Size, Irecv::Size, |_| None),
+        // SAFETY: the caller's promise: `p` is a live ncclNet_v10_t.
+        10 => common!(unsafe { &*(p as *const ncclNet_v10_t) }, Init::Profiler, Props::V9, Listen::Plain, Connect::Config, Accept::Dev, RegMr::Size, Isend::Phandle, Irecv::Phandle, |_| None),
+        // SAFETY: the caller's promise: `p` is a live ncclNet_v11_t.
+        11 => common!(unsafe { &*(p as *const ncclNet_v11_t) }, Init::Ctx, Props::V11, Listen::Ctx, Connect::Ctx, Accept::Dev, RegMr::Size, Isend::Phandle, Irecv::Phandle, |t: &ncclNet_v11_t| t.finalize),
+        // SAFETY: the caller's promise: `p` is a live ncclNet_v12_t.
+        _ => common!(unsafe { &*(p as *const ncclNet_v12_t) }, Init::Ctx, Props::V12, Listen::Ctx, Connect::Ctx, Accept::Dev, RegMr::Size, Isend::Phandle, Irecv::Phandle, |t: &ncclNet_v12_t| t.finalize),
+    })
+}
+
+/// A version's properties in the v12 layout (fields the version lacks: 0, not reported).
+macro_rules! to_v12 {
+    ($p:expr, [$($f:ident),*]) => {{
+        // SAFETY: plain C data; all-zero is valid (null pointers).
+        let mut o: ncclNetProperties_v12_t = unsafe { std::mem::zeroed() };
+        let p = $p;
+        $(o.$f = p.$f;)*
+        o
+    }};
+}
+
+impl Props {
+    /// Call getProperties and return the result in the v12 layout.
+    ///
+    /// # Safety
+    /// The function is the plugin's getProperties of its version, the plugin initialized.
+    pub unsafe fn get(self, dev: c_int) -> (ncclResult_t, ncclNetProperties_v12_t) {
+        macro_rules! call {
+            ($f:expr, $ty:ty, [$($field:ident),*]) => {{
+                // SAFETY: plain C data; all-zero is valid.
+                let mut p: $ty = unsafe { std::mem::zeroed() };
+                // SAFETY: the caller's promise; `p` is a live struct of the version's type.
+                let r = unsafe { $f(dev, &mut p) };
+                (r, to_v12!(p, [$($field),*]))
+            }};
+        }
+        match self {
+            Props::V6(f) => call!(f, ncclNetProperties_v6_t, [name, pciPath, guid, ptrSupport, speed, port, latency, maxComms, maxRecvs]),
+            Props::V7(f) => call!(f, ncclNetProperties_v7_t, [name, pciPath, guid, ptrSupport, speed, port, latency, maxComms, maxRecvs, netDeviceType, netDeviceVersion]),
+            Props::V8(f) => call!(f, ncclNetProperties_v8_t, [name, pciPath, guid, ptrSupport, regIsGlobal, speed, port, latency, maxComms, maxRecvs, netDeviceType, netDeviceVersion]),
+            Props::V9(f) => call!(f, ncclNetProperties_v9_t, [name, pciPath, guid, ptrSupport, regIsGlobal, forceFlush, speed, port, latency, maxComms, maxRecvs, netDeviceType, netDeviceVersion, maxP2pBytes, maxCollBytes]),
+            Props::V11(f) => call!(f, ncclNetProperties_v11_t, [name, pciPath, guid, ptrSupport, regIsGlobal, forceFlush, speed, port, latency, maxComms, maxRecvs, netDeviceType, netDeviceVersion, maxP2pBytes, maxCollBytes, maxMultiRequestSize]),
+            Props::V12(f) => {
+                // SAFETY: plain C data; all-zero is valid.
+                let mut p: ncclNetProperties_v12_t = unsafe { std::mem::zeroed() };
+                // SAFETY: the caller's promise.
+                let r = unsafe { f(dev, &mut p) };
+                (r, p)
+            }
+        }
+    }
+}
