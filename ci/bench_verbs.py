@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """rivet over RDMA verbs against perftest on the same Soft-RoCE link, in one VM run.
 
-    python3 ci/bench_verbs.py [--rounds 5] [--mtu 9000] [--baseline OLD.so] [--only 64K|1M|16M] [--hog]
+    python3 ci/bench_verbs.py [--rounds 5] [--mtu 9000] [--baseline OLD.so] [--only 64K|1M|16M] [--hog [NICE]]
 
 Builds the release plugin and CLI, boots the Soft-RoCE VM (ci/vm/run-vm.sh) with the veth MTU
 given (9000: rxe active_mtu 4096) and runs ROUNDS rounds of: ib_write_bw at 64 KiB, 1 MiB and
@@ -9,8 +9,8 @@ given (9000: rxe active_mtu 4096) and runs ROUNDS rounds of: ib_write_bw at 64 K
 sends to rank 1 on rxe1) at the same sizes and its 8-byte one-way ping-pong latency, each rivet
 measurement right after the perftest one it is compared with. Prints the
 median of each with the ratio rivet / perftest; latency as p50, p90, p99, max and average (each
-per round of 1000 pings, then the median over the rounds; perftest reports no p90). `--hog` runs
-one busy loop per guest vCPU at nice 19 throughout: the latency tail of a host whose CPUs are
+per round of 1000 pings, then the median over the rounds; perftest reports no p90). `--hog [NICE]` runs
+one busy loop per guest vCPU at nice 19 (or NICE) throughout: the latency tail of a host whose CPUs are
 taken. Emulation is noisy: quote medians, not one run.
 `--baseline` names an earlier build of the plugin (for example one built from an older commit
 with `git worktree`): each rivet measurement is then repeated through it, interleaved in the same
@@ -27,7 +27,8 @@ def main():
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--baseline", help="an earlier libnccl-net-rivet.so to measure in the same rounds")
     ap.add_argument("--only", choices=["64K", "1M", "16M"], help="measure only this streaming size (no latency)")
-    ap.add_argument("--hog", action="store_true", help="one busy loop per guest vCPU at nice 19 for the whole run")
+    ap.add_argument("--hog", nargs="?", type=int, const=19, metavar="NICE",
+                    help="one busy loop per guest vCPU for the whole run, at this niceness (default 19)")
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
     share = os.path.join(ROOT, "target", "vm", "bench")
@@ -41,8 +42,8 @@ def main():
         shutil.copy(a.baseline, os.path.join(share, "baseline.so"))
     args.append("/mnt/host/baseline.so" if a.baseline else "-")
     args.append({"64K": "65536:1500:96M", "1M": "1048576:120:120M", "16M": "16777216:6:128M"}[a.only] if a.only else "-")
-    if a.hog:
-        args.append("hog")
+    if a.hog is not None:
+        args.append(f"hog:{a.hog}")
     out = subprocess.run([os.path.join(ROOT, "ci/vm/run-vm.sh"), "--share", share, "--mtu", str(a.mtu), "--timeout", "3600"] + args,
                          cwd=ROOT, capture_output=True, text=True)
     log = out.stdout + out.stderr
@@ -79,7 +80,7 @@ def main():
     info = next((l for l in log.splitlines() if l.startswith("PERFTEST info")), "")
     print(f"# Soft-RoCE rxe0 -> rxe1, veth MTU {a.mtu} ({info.split('active_mtu=')[-1].split()[0] if info else '?'} active), "
           f"median of {a.rounds} rounds (all rounds: target/vm/bench.log)"
-          + (", one busy loop per vCPU at nice 19 throughout" if a.hog else ""))
+          + (f", one busy loop per vCPU at nice {a.hog} throughout" if a.hog is not None else ""))
     base = bool(a.baseline)
     extra = " before MiB/s | now / before |" if base else ""
     print(f"| {'size':>8} | {'ib_write_bw MiB/s':>17} | {'rivet MiB/s':>11} | {'ratio':>5} |{extra}")

@@ -5,8 +5,9 @@
 # rivet's 8-byte ping-pong. Output: PERFTEST ... lines (as /guest/perftest.sh prints them) and
 # RIVET-prefixed `rivet perf` output. With a second library (an earlier build, for a before/after
 # comparison), each rivet measurement is followed by the same one through it, prefixed BASE.
-# Usage: bench.sh ROUNDS [BASE_LIB|-] [SIZE:ITERS:BYTES|-] [hog]
+# Usage: bench.sh ROUNDS [BASE_LIB|-] [SIZE:ITERS:BYTES|-] [hog|hog:NICE]
 #   SIZE:ITERS:BYTES: one streaming size only, no latency; hog: one busy loop per vCPU at nice 19
+#   (hog:NICE at that niceness)
 #   for the whole run (a host whose CPUs are taken by other work: on Soft-RoCE the NIC's work runs
 #   on the same CPUs, so how a plugin polls and yields decides whether it gets to run).
 . /guest/lib.sh
@@ -21,15 +22,20 @@ BASE=${2:-}
 [ "$BASE" = - ] && BASE=
 ONLY=${3:-}
 [ "$ONLY" = - ] && ONLY=
-if [ "${4:-}" = hog ]; then
+case "${4:-}" in
+  hog) NICE=19 ;;
+  hog:*) NICE=${4#hog:} ;;
+  *) NICE= ;;
+esac
+if [ -n "$NICE" ]; then
   n=$(nproc)
   i=0
   while [ $i -lt "$n" ]; do
-    nice -n 19 sh -c 'while :; do :; done' &
+    nice -n "$NICE" sh -c 'while :; do :; done' &
     hogs="${hogs:-} $!"
     i=$((i + 1))
   done
-  echo "PERFTEST info cpu_hog=$n"
+  echo "PERFTEST info cpu_hog=$n nice=$NICE"
 fi
 rivet() {
   # The two builds take turns going first (odd rounds: this build first), so that neither gains
