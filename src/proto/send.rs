@@ -4,7 +4,7 @@
 //! the receiver's credit word, a send completion) and carries out what it answers: write this
 //! eager header and payload into that ring slot, write these bytes of a rendezvous send to the
 //! receive buffer with this immediate, report a mismatch. It never touches a queue pair or memory
-//! the NIC writes, so the simulator in `tests/sim.rs` can run it against the receiving half under
+//! the NIC writes, so the simulator in `tests/sim/` can run it against the receiving half under
 //! any schedule. See `docs/protocol.md` for the protocol and `docs/architecture.md` for the shell.
 
 use super::verbs::{qp_chunk, seq_offset, Cts, EagerHdr, Imm, EAGER_DATA, EAGER_RTS, EAGER_URGENT, FIFO_DEPTH, MAX_GROUP, MAX_QPS, SIZES_ENTRY};

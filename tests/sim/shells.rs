@@ -1,0 +1,340 @@
+//! The two shells: what the verbs transport's send and receive shells do, with simulated memory
+//! instead of the NIC's: events read out of memory and completions into the engines, their
+//! answers turned into simulated work requests.
+
+use super::*;
+// ---------------------------------------------------------------------------------------------
+// The two shells, doing what the verbs transport's shells do with simulated memory.
+
+pub(crate) fn fill(id: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (id.wrapping_mul(131) ^ i.wrapping_mul(7) ^ (i >> 8)) as u8 | 1).collect()
+}
+
+pub(crate) struct Send {
+    pub(crate) eng: SendEngine,
+    /// (message id, group, buffer) in posting order; next to post.
+    pub(crate) queue: Vec<(usize, usize, usize)>,
+    pub(crate) next: usize,
+    /// In flight: (req, message id, arena offset, size, ready).
+    pub(crate) inflight: Vec<(u16, usize, usize, usize, usize)>,
+    pub(crate) offs: Vec<usize>,
+    pub(crate) local: Vec<(usize, usize)>,
+    /// Bytes of each message readable so far.
+    pub(crate) ready: Vec<usize>,
+    pub(crate) steps: [RdvStep; MAX_QPS],
+    pub(crate) dead: bool,
+}
+
+pub(crate) struct Recv {
+    pub(crate) eng: RecvEngine,
+    pub(crate) next: usize,
+    /// In flight: (req, group, arena offsets).
+    pub(crate) inflight: Vec<(u16, usize, Vec<usize>)>,
+    /// Eager copies not yet done: (ring slot, dst, len).
+    pub(crate) copies: VecDeque<(usize, u64, usize)>,
+    pub(crate) done: usize,
+    pub(crate) dead: bool,
+}
+
+#[derive(Debug)]
+pub(crate) enum Fault {
+    Proto(ProtoError),
+    Check(String),
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            Fault::Proto(e) => write!(f, "protocol error {e:?}"),
+            Fault::Check(m) => write!(f, "check failed: {m}"),
+        }
+    }
+}
+
+impl From<ProtoError> for Fault {
+    fn from(e: ProtoError) -> Fault {
+        Fault::Proto(e)
+    }
+}
+
+pub(crate) type Res<T> = Result<T, Fault>;
+
+pub(crate) fn check(ok: bool, msg: impl FnOnce() -> String) -> Res<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Fault::Check(msg()))
+    }
+}
+
+impl Send {
+    pub(crate) fn read_cts(&mut self, sim: &Sim) -> Res<()> {
+        while let Some((slot, want)) = self.eng.cts_wanted() {
+            let at = |r: usize| -> Cts {
+                let o = (slot * MAX_GROUP + r) * 32;
+                let b = &sim.fifo[o..o + 32];
+                let u64_ = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+                let u32_ = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+                Cts { addr: u64_(0), size_n: u64_(8), rkey: u32_(16), tag: u32_(20) as i32, base: u32_(24), stamp: u32_(28) }
+            };
+            let mut g = [Cts::default(); MAX_GROUP];
+            g[0] = at(0);
+            if (g[0].stamp.wrapping_sub(want) as i32) < 0 {
+                break;
+            }
+            let n = g[0].n().clamp(1, MAX_GROUP);
+            for (r, e) in g.iter_mut().enumerate().take(n).skip(1) {
+                *e = at(r);
+            }
+            if !self.eng.on_cts(&g[..n])? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn post_rdv(&mut self, sim: &mut Sim, req: u16, ready: usize) {
+        let k = self.eng.rdv_steps(req, ready, &mut self.steps);
+        let t = self.eng.target(req);
+        let (data, _) = self.local[req as usize];
+        for s in &self.steps[..k] {
+            let dst = (t.addr - RECV_BASE) as usize;
+            let close_imm = s.close.map(|_| t.imm);
+            match (s.data, s.close) {
+                (Some((off, len)), Some(Close::OnData)) => {
+                    sim.post(false, s.q, (Mem::Arena, dst + off), vec![Src::SendArena { off: data + off, len }], close_imm, Some(req))
+                }
+                (Some((off, len)), _) => sim.post(false, s.q, (Mem::Arena, dst + off), vec![Src::SendArena { off: data + off, len }], None, None),
+                _ => {}
+            }
+            match s.close {
+                Some(Close::Size) => {
+                    let w = (t.size as u64).to_le_bytes().to_vec();
+                    sim.post(false, s.q, (Mem::Sizes, t.sizes_off as usize), vec![Src::Inline(w)], close_imm, Some(req))
+                }
+                Some(Close::Empty) => sim.post(false, s.q, (Mem::Ring, 0), vec![], close_imm, Some(req)),
+                _ => {}
+            }
+        }
+    }
+
+    pub(crate) fn progress(&mut self, sim: &mut Sim) {
+        for _ in 0..16 {
+            let Some(req) = sim.send_cq.pop_front() else { break };
+            self.eng.on_completion(req);
+        }
+    }
+
+    /// One isend attempt for the next message.
+    pub(crate) fn try_post(&mut self, sim: &mut Sim, msgs: &[Msg]) -> Res<()> {
+        let (id, _, _) = self.queue[self.next];
+        let m = &msgs[id];
+        let credit = u64::from_le_bytes(sim.fifo[FIFO_BYTES..FIFO_BYTES + 8].try_into().unwrap());
+        self.eng.on_credit(credit);
+        if m.send > self.eng.eager_max() {
+            self.read_cts(sim)?;
+        }
+        let off = self.offs[id];
+        // The staging engine's copy: a part of a large send readable at first, more at each call.
+        if self.ready[id] < m.send {
+            self.ready[id] = (self.ready[id] + sim.rng.below(m.send + 1)).min(m.send);
+        }
+        let ready = self.ready[id];
+        match self.eng.post(m.send, m.send_tag, ready)? {
+            SendPlan::Busy => self.progress(sim),
+            SendPlan::Announce { ring_slot, hdr, .. } => {
+                let h = hdr_bytes(&hdr);
+                sim.post(false, 0, (Mem::Ring, ring_slot * sim.slot_bytes), vec![Src::Inline(h)], Some(Imm::Eager(ring_slot as u32).encode()), None);
+                self.progress(sim);
+            }
+            SendPlan::Eager { req, ring_slot, hdr } => {
+                let h = hdr_bytes(&hdr);
+                let inline = EAGER_HDR + m.send <= 256 && sim.rng.chance(70);
+                let (src, signal) = if inline {
+                    let mut b = h;
+                    b.extend_from_slice(&sim.send_arena[off..off + m.send]);
+                    (vec![Src::Inline(b)], None)
+                } else {
+                    let ho = req as usize * EAGER_HDR;
+                    sim.hdrs[ho..ho + EAGER_HDR].copy_from_slice(&h);
+                    (vec![Src::SendHdrs { off: ho, len: EAGER_HDR }, Src::SendArena { off, len: m.send }], Some(req))
+                };
+                sim.post(false, 0, (Mem::Ring, ring_slot * sim.slot_bytes), src, Some(Imm::Eager(ring_slot as u32).encode()), signal);
+                if inline {
+                    self.eng.on_completion(req);
+                }
+                self.inflight.push((req, id, off, m.send, m.send));
+                self.next += 1;
+            }
+            SendPlan::Rdv { req, target } => {
+                check(target.size == m.send, || format!("rendezvous target of {} bytes for a send of {}", target.size, m.send))?;
+                self.local[req as usize] = (off, 0);
+                self.post_rdv(sim, req, ready);
+                self.inflight.push((req, id, off, m.send, ready));
+                self.next += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// NCCL's test on one request in flight (and the staging engine's copy moving on).
+    pub(crate) fn test_one(&mut self, sim: &mut Sim) -> Res<()> {
+        let i = sim.rng.below(self.inflight.len());
+        let (req, id, off, size, ready) = self.inflight[i];
+        if ready < size {
+            let more = (ready + 1 + sim.rng.below(size)).min(size);
+            self.inflight[i].4 = more;
+            if self.eng.rdv_open(req) {
+                self.post_rdv(sim, req, more);
+            }
+        }
+        if self.eng.waiting(req as u32)? {
+            self.progress(sim);
+        }
+        if let Some(got) = self.eng.take(req as u32)? {
+            check(got == size, || format!("send {id} reported {got} bytes, sent {size}"))?;
+            check(self.inflight[i].4 == size, || format!("send {id} completed with only {} of {size} bytes readable", self.inflight[i].4))?;
+            // The application reuses the buffer at once: a byte the NIC had not placed yet is wrong now.
+            sim.send_arena[off..off + size].fill(REUSED);
+            self.inflight.swap_remove(i);
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn hdr_bytes(h: &EagerHdr) -> Vec<u8> {
+    let mut b = Vec::with_capacity(EAGER_HDR);
+    b.extend_from_slice(&h.seq.to_le_bytes());
+    b.extend_from_slice(&h.flags.to_le_bytes());
+    b.extend_from_slice(&h.size.to_le_bytes());
+    b.extend_from_slice(&h.tag.to_le_bytes());
+    b.resize(EAGER_HDR, 0);
+    b
+}
+
+pub(crate) fn read_hdr(b: &[u8]) -> EagerHdr {
+    EagerHdr {
+        seq: u32::from_le_bytes(b[0..4].try_into().unwrap()),
+        flags: u32::from_le_bytes(b[4..8].try_into().unwrap()),
+        size: u64::from_le_bytes(b[8..16].try_into().unwrap()),
+        tag: i32::from_le_bytes(b[16..20].try_into().unwrap()),
+        _pad: [0; 3],
+    }
+}
+
+pub(crate) fn cts_bytes(c: &Cts) -> Vec<u8> {
+    let mut b = Vec::with_capacity(32);
+    b.extend_from_slice(&c.addr.to_le_bytes());
+    b.extend_from_slice(&c.size_n.to_le_bytes());
+    b.extend_from_slice(&c.rkey.to_le_bytes());
+    b.extend_from_slice(&c.tag.to_le_bytes());
+    b.extend_from_slice(&c.base.to_le_bytes());
+    b.extend_from_slice(&c.stamp.to_le_bytes());
+    b
+}
+
+impl Recv {
+    pub(crate) fn copy_one(&mut self, sim: &mut Sim) {
+        if let Some((slot, dst, len)) = self.copies.pop_front() {
+            let s = slot * sim.slot_bytes + EAGER_HDR;
+            let bytes = sim.ring[s..s + len].to_vec();
+            let d = (dst - RECV_BASE) as usize;
+            sim.arena[d..d + len].copy_from_slice(&bytes);
+            self.eng.copy_done();
+        }
+    }
+
+    pub(crate) fn drain(&mut self, sim: &mut Sim) -> Res<()> {
+        while let Some(slot) = self.eng.next_eager() {
+            let o = slot * sim.slot_bytes;
+            let h = read_hdr(&sim.ring[o..o + EAGER_HDR]);
+            match self.eng.on_eager(h)? {
+                EagerStep::Wait => break,
+                EagerStep::Consumed => {}
+                EagerStep::Copy { dst, len, .. } => {
+                    self.copies.push_back((slot, dst, len));
+                    if !sim.cfg.async_copy {
+                        self.copy_one(sim);
+                    }
+                }
+            }
+        }
+        if let Some(word) = self.eng.credit_due() {
+            sim.post(true, 0, (Mem::Fifo, FIFO_BYTES), vec![Src::Inline(word.to_le_bytes().to_vec())], None, None);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn progress(&mut self, sim: &mut Sim) -> Res<()> {
+        let mut n = 0;
+        while n < 16 {
+            let Some(imm) = sim.recv_cq.pop_front() else { break };
+            n += 1;
+            match Imm::decode(imm) {
+                Imm::Eager(_) => self.eng.on_eager_imm(),
+                Imm::Rdv { slot, entry } => {
+                    let o = (slot as usize * MAX_GROUP + entry as usize) * 8;
+                    let size = u64::from_le_bytes(sim.sizes[o..o + 8].try_into().unwrap());
+                    self.eng.on_rdv_imm(slot, entry, size)?;
+                }
+            }
+        }
+        if n > 0 {
+            self.drain(sim)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn try_post(&mut self, sim: &mut Sim, offs: &[Vec<usize>]) -> Res<()> {
+        let g = self.next;
+        let (msgs, _) = &sim.cfg.groups[g];
+        let specs: Vec<RecvSpec> = msgs
+            .iter()
+            .zip(&offs[g])
+            .map(|(m, &o)| RecvSpec { addr: RECV_BASE + o as u64, size: m.recv as u64, rkey: 0x77, tag: m.tag, gpu: false })
+            .collect();
+        match self.eng.post(&specs) {
+            RecvPlan::Busy => {}
+            RecvPlan::Posted { req, cts } => {
+                if let Some(p) = cts {
+                    let bytes: Vec<u8> = p.entries[..p.n].iter().flat_map(cts_bytes).collect();
+                    sim.post(true, p.q, (Mem::Fifo, p.slot * MAX_GROUP * 32), vec![Src::Inline(bytes)], None, None);
+                }
+                self.inflight.push((req, g, offs[g].clone()));
+                self.next += 1;
+                self.drain(sim)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn test_one(&mut self, sim: &mut Sim, expect: &[Vec<Vec<u8>>]) -> Res<()> {
+        let i = sim.rng.below(self.inflight.len());
+        let (req, g) = (self.inflight[i].0, self.inflight[i].1);
+        let offs = self.inflight[i].2.clone();
+        if self.eng.waiting(req as u32)? {
+            self.progress(sim)?;
+        }
+        let mut sizes = [0usize; MAX_GROUP];
+        if let Some(n) = self.eng.take(req as u32, &mut sizes)? {
+            let (msgs, _) = &sim.cfg.groups[g];
+            check(n == msgs.len(), || format!("receive {g} reported {n} buffers of {}", msgs.len()))?;
+            for (b, m) in msgs.iter().enumerate() {
+                check(sizes[b] == m.send, || format!("receive {g} buffer {b}: size {} reported, {} sent", sizes[b], m.send))?;
+                let got = &sim.arena[offs[b]..offs[b] + m.recv];
+                if let Some(at) = (0..m.send).find(|&k| got[k] != expect[g][b][k]) {
+                    return Err(Fault::Check(format!(
+                        "receive {g} buffer {b} (tag {}, {} of {} bytes) completed with byte {at} wrong: {:#x}, expected {:#x}",
+                        m.tag, m.send, m.recv, got[at], expect[g][b][at]
+                    )));
+                }
+                if let Some(at) = (m.send..m.recv).find(|&k| got[k] != POISON) {
+                    return Err(Fault::Check(format!("receive {g} buffer {b}: byte {at} beyond the {} sent was written", m.send)));
+                }
+            }
+            self.inflight.swap_remove(i);
+            self.done += 1;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,280 @@
+//! The simulator's world: deterministic randomness, the scenario a seed draws, and simulated
+//! memory and queue pairs (writes placed in pieces, in any order between completions).
+
+use super::*;
+// ---------------------------------------------------------------------------------------------
+// Deterministic randomness.
+
+#[derive(Clone)]
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    pub(crate) fn chance(&mut self, pct: usize) -> bool {
+        self.below(100) < pct
+    }
+    pub(crate) fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len())]
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scenario.
+
+#[derive(Clone, Debug)]
+pub(crate) struct Msg {
+    pub(crate) tag: i32,
+    pub(crate) send: usize,
+    pub(crate) recv: usize,
+    /// The send's tag (the receive's, unless a test makes them differ).
+    pub(crate) send_tag: i32,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) nqps: usize,
+    pub(crate) ring_slots: usize,
+    pub(crate) eager_max: usize,
+    pub(crate) origin: Origin,
+    /// Receives, each a group of buffers; the sends of a group go in `order`.
+    pub(crate) groups: Vec<(Vec<Msg>, Vec<usize>)>,
+    /// Placement reordered within a queue pair between completions.
+    pub(crate) adaptive: bool,
+    /// Copies out of the eager ring finish late (a GPU copy).
+    pub(crate) async_copy: bool,
+    /// Large sends are posted before all their bytes are readable (the staging engine).
+    pub(crate) partial: bool,
+    /// The peer that stops, and at which step: (step, sender dies?).
+    pub(crate) fail: Option<(u64, bool)>,
+    /// At most this many requests in flight per side (NCCL: up to 8 per comm in practice).
+    pub(crate) window: usize,
+}
+
+pub(crate) fn size_near(r: &mut Rng, eager_max: usize, nqps: usize) -> usize {
+    let split = nqps * 128;
+    let base = r.pick(&[0usize, 1, 127, 128, 129, eager_max, split, 4096, 20000]);
+    let v = match r.below(4) {
+        0 => base,
+        1 => base + 1,
+        2 => base.saturating_sub(1),
+        _ => r.below(30000),
+    };
+    if r.chance(30) {
+        eager_max.saturating_sub(1) + r.below(3)
+    } else {
+        v
+    }
+}
+
+pub(crate) fn config(seed: u64, ngroups: usize) -> Config {
+    let mut r = Rng(seed);
+    let nqps = r.pick(&[1usize, 1, 2, 3, 4]);
+    let eager_max = r.pick(&[0usize, 64, 200, 1024, 8192]);
+    let ring_slots = r.pick(&[1usize, 2, 4, 8, 32]);
+    let (any_seq, any_cts) = (r.next() as u32, r.below(1 << 20) as u64);
+    let origin = Origin {
+        seq: r.pick(&[0u32, u32::MAX - 3, u32::MAX - 40, any_seq]),
+        cts: r.pick(&[0u64, (u32::MAX - 2) as u64, (u32::MAX as u64) * 3 - 1, any_cts]),
+    };
+    let mut groups = Vec::new();
+    for _ in 0..ngroups {
+        let n = if r.chance(60) { 1 } else { 1 + r.below(MAX_GROUP) };
+        // The buffers of a grouped receive have distinct tags (NCCL's are the peers' ranks): a
+        // send finds its buffer by tag.
+        let tags: Vec<i32> = (0..n as i32).map(|t| if n == 1 && r.chance(50) { 0 } else { t * 7 - 3 }).collect();
+        let msgs: Vec<Msg> = tags
+            .iter()
+            .map(|&tag| {
+                let send = size_near(&mut r, eager_max, nqps);
+                let any = r.below(5000);
+                let recv = send + r.pick(&[0usize, 0, 0, 1, 128, eager_max + 1, any]);
+                Msg { tag, send, recv, send_tag: tag }
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            order.swap(i, r.below(i + 1));
+        }
+        groups.push((msgs, order));
+    }
+    Config {
+        nqps,
+        ring_slots,
+        eager_max,
+        origin,
+        groups,
+        adaptive: r.chance(60),
+        async_copy: r.chance(40),
+        partial: r.chance(40),
+        fail: r.chance(15).then(|| (r.below(3000) as u64, r.chance(50))),
+        window: r.pick(&[1usize, 2, 8, 32]),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Simulated memory and queue pairs.
+
+pub(crate) const RECV_BASE: u64 = 0x1000_0000;
+/// A data write is placed in pieces of this many bytes (packets).
+pub(crate) const PIECE: usize = 64;
+pub(crate) const POISON: u8 = 0x5c;
+pub(crate) const REUSED: u8 = 0xaa;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Mem {
+    // At the receiver.
+    Ring,
+    Sizes,
+    Arena,
+    // At the sender.
+    Fifo,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Src {
+    /// Bytes copied into the work request when it was posted (inline).
+    Inline(Vec<u8>),
+    /// The sender's memory, read when the NIC places the bytes.
+    SendArena { off: usize, len: usize },
+    SendHdrs { off: usize, len: usize },
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Op {
+    pub(crate) mem: Mem,
+    pub(crate) off: usize,
+    pub(crate) src: Vec<Src>,
+    /// Immediate data: a receive completion at the target once everything before it landed.
+    pub(crate) imm: Option<u32>,
+    /// A signaled send request: a completion for it at the poster.
+    pub(crate) signal: Option<u16>,
+    /// Pieces (start, len) not yet placed.
+    pub(crate) pieces: Vec<(usize, usize)>,
+    /// Control writes land in address order (one packet).
+    pub(crate) in_order: bool,
+    /// Its sender died with it half on the wire: the rest never lands.
+    pub(crate) stuck: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Qp {
+    pub(crate) ops: VecDeque<Op>,
+}
+
+pub(crate) struct Sim {
+    pub(crate) cfg: Config,
+    pub(crate) rng: Rng,
+    pub(crate) ring: Vec<u8>,
+    pub(crate) sizes: Vec<u8>,
+    pub(crate) arena: Vec<u8>,
+    pub(crate) fifo: Vec<u8>,
+    pub(crate) send_arena: Vec<u8>,
+    pub(crate) hdrs: Vec<u8>,
+    /// Sender to receiver (data), receiver to sender (control).
+    pub(crate) data_qps: Vec<Qp>,
+    pub(crate) ctrl_qps: Vec<Qp>,
+    pub(crate) recv_cq: VecDeque<u32>,
+    pub(crate) send_cq: VecDeque<u16>,
+    pub(crate) slot_bytes: usize,
+    pub(crate) steps: u64,
+}
+
+impl Sim {
+    pub(crate) fn gather(&self, src: &[Src], from: usize, len: usize) -> Vec<u8> {
+        let mut all = Vec::new();
+        for s in src {
+            match s {
+                Src::Inline(b) => all.extend_from_slice(b),
+                Src::SendArena { off, len } => all.extend_from_slice(&self.send_arena[*off..off + len]),
+                Src::SendHdrs { off, len } => all.extend_from_slice(&self.hdrs[*off..off + len]),
+            }
+            if all.len() >= from + len {
+                break;
+            }
+        }
+        all[from..from + len].to_vec()
+    }
+
+    pub(crate) fn mem(&mut self, m: Mem) -> &mut Vec<u8> {
+        match m {
+            Mem::Ring => &mut self.ring,
+            Mem::Sizes => &mut self.sizes,
+            Mem::Arena => &mut self.arena,
+            Mem::Fifo => &mut self.fifo,
+        }
+    }
+
+    /// Post a write of `src` to `(mem, off)` on queue pair `q` (a control one from the receiver,
+    /// or a data one from the sender), with its immediate and the request it signals.
+    pub(crate) fn post(&mut self, ctrl: bool, q: usize, (mem, off): (Mem, usize), src: Vec<Src>, imm: Option<u32>, signal: Option<u16>) {
+        let len = src
+            .iter()
+            .map(|s| match s {
+                Src::Inline(b) => b.len(),
+                Src::SendArena { len, .. } | Src::SendHdrs { len, .. } => *len,
+            })
+            .sum();
+        let piece = if ctrl { 8 } else { PIECE };
+        let mut pieces: Vec<(usize, usize)> = (0..len).step_by(piece).map(|a| (a, piece.min(len - a))).collect();
+        if pieces.is_empty() {
+            pieces.push((0, 0));
+        }
+        let op = Op { mem, off, src, imm, signal, pieces, in_order: ctrl, stuck: false };
+        let qps = if ctrl { &mut self.ctrl_qps } else { &mut self.data_qps };
+        qps[q].ops.push_back(op);
+    }
+
+    /// Place one piece somewhere in the network; false when nothing is in flight.
+    pub(crate) fn deliver(&mut self) -> bool {
+        let busy: Vec<(bool, usize)> = (0..self.data_qps.len())
+            .filter(|&q| !self.data_qps[q].ops.is_empty())
+            .map(|q| (false, q))
+            .chain((0..self.ctrl_qps.len()).filter(|&q| !self.ctrl_qps[q].ops.is_empty()).map(|q| (true, q)))
+            .collect();
+        if busy.is_empty() {
+            return false;
+        }
+        let (ctrl, q) = busy[self.rng.below(busy.len())];
+        let adaptive = self.cfg.adaptive;
+        let qp = if ctrl { &self.ctrl_qps[q] } else { &self.data_qps[q] };
+        // The ops whose placement may interleave: up to and including the first with an immediate.
+        // Control writes keep their order: the credit word is one address written again and again,
+        // and a late-placed older value would stand (the simulator found that deadlock; issue 14's
+        // adaptive-routing mode must change the credit protocol before this can be lifted).
+        let window = if adaptive && !ctrl { qp.ops.iter().position(|o| o.imm.is_some()).map_or(qp.ops.len(), |i| i + 1) } else { 1 };
+        let candidates: Vec<usize> = (0..window).filter(|&i| !qp.ops[i].pieces.is_empty() && !qp.ops[i].stuck).collect();
+        if let Some(&i) = candidates.get(self.rng.below(candidates.len().max(1))) {
+            let op = &qp.ops[i];
+            let k = if op.in_order || !adaptive { 0 } else { self.rng.below(op.pieces.len()) };
+            let (start, len) = op.pieces[k];
+            let (mem, off, src) = (op.mem, op.off, op.src.clone());
+            let bytes = self.gather(&src, start, len);
+            let m = self.mem(mem);
+            m[off + start..off + start + len].copy_from_slice(&bytes);
+            let qp = if ctrl { &mut self.ctrl_qps[q] } else { &mut self.data_qps[q] };
+            qp.ops[i].pieces.remove(k);
+        }
+        // Completions, in order, for the ops fully placed at the front.
+        let qp = if ctrl { &mut self.ctrl_qps[q] } else { &mut self.data_qps[q] };
+        while qp.ops.front().is_some_and(|o| o.pieces.is_empty() && !o.stuck) {
+            let op = qp.ops.pop_front().unwrap();
+            if let Some(imm) = op.imm {
+                self.recv_cq.push_back(imm);
+            }
+            if let Some(req) = op.signal {
+                self.send_cq.push_back(req);
+            }
+        }
+        true
+    }
+}
