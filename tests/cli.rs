@@ -178,6 +178,25 @@ fn perf_through_every_table_version() {
     assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
 }
 
+/// Another plugin, driven as NCCL drives it: its table is read after init (NCCL's IB transport as a
+/// plugin fills its table in init), and init gets a logger (plugins call it unchecked). The
+/// stand-in is tests/c/lateplugin.c.
+#[test]
+fn a_plugin_that_fills_its_table_in_init() {
+    let dir = std::env::temp_dir().join(format!("rivet-lateplugin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let so = dir.join("liblate.so");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/lateplugin.c");
+    let st = Command::new("cc").args(["-std=gnu11", "-shared", "-fPIC", "-o"]).arg(&so).arg(&src).status().expect("cc");
+    assert!(st.success());
+    let o = rivet(&["info", "--lib", so.to_str().unwrap()]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(out.contains("plugin: late through ncclNetPlugin_v11"), "{out}");
+    assert!(out.contains("dev 0: name late0") && out.contains("speed 1234 Mb/s"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// nccl-tests' all_reduce_perf layout, parsed as scripts written for nccl-tests parse it: the
 /// header, one `#  Rank` line per rank, 13 columns per row (size, count, type, redop, root, and
 /// time/algbw/busbw/#wrong twice), sizes stepping by the factor with count = size / 4, and the

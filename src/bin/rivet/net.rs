@@ -86,6 +86,25 @@ fn abi() -> Option<u32> {
     ABI.get().copied().flatten()
 }
 
+/// The logger handed to a plugin's init. A C-variadic function cannot be defined in stable Rust;
+/// this one takes the fixed arguments and leaves the rest unread, which the x86_64 and aarch64
+/// calling conventions allow (the caller passes them where a callee that ignores them never
+/// looks). It prints a plugin's WARN lines as their format string, unformatted; rivet itself logs
+/// through its own bridge, not through this.
+extern "C" fn plugin_log(level: std::ffi::c_int, _flags: std::ffi::c_ulong, _file: *const std::ffi::c_char, _line: std::ffi::c_int, fmt: *const std::ffi::c_char) {
+    if level == NCCL_LOG_WARN && !fmt.is_null() {
+        // SAFETY: the plugin passes its printf format, a NUL-terminated string, for the call.
+        let f = unsafe { std::ffi::CStr::from_ptr(fmt) }.to_string_lossy();
+        eprintln!("rivet: the plugin warns (format string, arguments not shown): {}", f.trim_end());
+    }
+}
+
+fn logger() -> unsafe extern "C" fn(std::ffi::c_int, std::ffi::c_ulong, *const std::ffi::c_char, std::ffi::c_int, *const std::ffi::c_char, ...) {
+    let f: extern "C" fn(std::ffi::c_int, std::ffi::c_ulong, *const std::ffi::c_char, std::ffi::c_int, *const std::ffi::c_char) = plugin_log;
+    // SAFETY: the same fixed parameters; see `plugin_log` for the variadic tail it leaves unread.
+    unsafe { std::mem::transmute(f) }
+}
+
 /// A size for a table of v6–v8, whose sizes are C ints.
 fn int(what: &str, n: usize) -> Res<std::ffi::c_int> {
     std::ffi::c_int::try_from(n).map_err(|_| format!("{what} of {n} bytes: this ncclNet version takes sizes up to 2 GiB - 1 (int)"))
@@ -106,20 +125,24 @@ impl Net {
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("dlopen {}: {e}", path.display()))?;
         // The functions read out of the table are used only through `self`, which keeps the
         // library loaded as long as it lives.
-        let t = table::load(&lib, path, abi())?;
+        let found = table::find(&lib, path, abi())?;
         let mut ctx = std::ptr::null_mut();
         let mut cfg = ncclNetCommConfig_t { trafficClass: -1 };
-        // SAFETY: (here and in each call into the table below) the plugin's functions with their
-        // version's signatures, called with live out-parameters and with handles this plugin
-        // returned.
+        // Plugins call the logger without checking it, as NCCL always passes one.
+        let log = Some(logger());
+        // SAFETY: `lib` is loaded; then (here and in each call into the table below) the
+        // plugin's functions with their version's signatures, called with live out-parameters
+        // and with handles this plugin returned.
         let r = unsafe {
-            match t.init {
-                Init::Plain(f) => f(None),
-                Init::Profiler(f) => f(None, None),
-                Init::Ctx(f) => f(&mut ctx, 0x5249_5645, &mut cfg, None, None),
+            match found.init()? {
+                Init::Plain(f) => f(log),
+                Init::Profiler(f) => f(log, None),
+                Init::Ctx(f) => f(&mut ctx, 0x5249_5645, &mut cfg, log, None),
             }
         };
         check("init", r)?;
+        // SAFETY: `lib` is loaded, and init succeeded: the table is complete now.
+        let t = unsafe { found.table()? };
         let timeout = Duration::from_secs(nccl_net_rivet::config::get().timeout_secs + 5);
         Ok(Net { _lib: lib, t, ctx, path: path.to_path_buf(), timeout })
     }

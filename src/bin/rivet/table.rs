@@ -74,7 +74,6 @@ pub struct Table {
     pub version: u32,
     /// The plugin's name (what NCCL_NET= matches).
     pub name: &'static str,
-    pub init: Init,
     pub devices: DevicesFn,
     pub props: Props,
     pub listen: Listen,
@@ -96,8 +95,16 @@ fn req<T>(f: Option<T>, name: &str, v: u32) -> Res<T> {
     f.ok_or_else(|| format!("the plugin's ncclNetPlugin_v{v} has no {name}"))
 }
 
-/// Read the table out of a loaded plugin: version `want`, or the newest it exports.
-pub fn load(lib: &libloading::Library, path: &std::path::Path, want: Option<u32>) -> Res<Table> {
+/// A plugin's table of one version, found but not read yet: NCCL reads `init` and calls it
+/// before it reads anything else, and some plugins (NCCL's IB transport as a plugin) fill the
+/// rest of their table in `init`.
+pub struct Found {
+    p: *const c_void,
+    pub version: u32,
+}
+
+/// Find the table of a loaded plugin: version `want`, or the newest it exports.
+pub fn find(lib: &libloading::Library, path: &std::path::Path, want: Option<u32>) -> Res<Found> {
     let versions: Vec<u32> = match want {
         Some(v @ 6..=12) => vec![v],
         Some(v) => return Err(format!("--abi {v}: the ncclNet versions are 6 to 12")),
@@ -108,15 +115,43 @@ pub fn load(lib: &libloading::Library, path: &std::path::Path, want: Option<u32>
         // SAFETY: the symbol, when present, is the plugin's static table of that version (the
         // ncclNet contract); only its address is taken here.
         let Ok(sym) = (unsafe { lib.get::<*const c_void>(name.as_bytes()) }) else { continue };
-        let p: *const c_void = *sym;
-        // SAFETY: `p` is that table, a static of the library, which the caller keeps loaded as
-        // long as it uses the functions read out of it; each arm reads it as its version's type.
-        return unsafe { read(p, v) };
+        return Ok(Found { p: *sym, version: v });
     }
     Err(match want {
         Some(v) => format!("{} has no ncclNetPlugin_v{v}", path.display()),
         None => format!("{} exports no ncclNetPlugin_v6 … v12 table: is it an ncclNet plugin?", path.display()),
     })
+}
+
+impl Found {
+    /// The table's `init`, the first member after the name in every version.
+    ///
+    /// # Safety
+    /// The library the table was found in is still loaded.
+    pub unsafe fn init(&self) -> Res<Init> {
+        let v = self.version;
+        // SAFETY: the caller's promise: `p` is the live table of version `v`, read as its type.
+        Ok(unsafe {
+            match v {
+                6 => Init::Plain(req((*(self.p as *const ncclNet_v6_t)).init, "init", v)?),
+                7 => Init::Plain(req((*(self.p as *const ncclNet_v7_t)).init, "init", v)?),
+                8 => Init::Plain(req((*(self.p as *const ncclNet_v8_t)).init, "init", v)?),
+                9 => Init::Plain(req((*(self.p as *const ncclNet_v9_t)).init, "init", v)?),
+                10 => Init::Profiler(req((*(self.p as *const ncclNet_v10_t)).init, "init", v)?),
+                11 => Init::Ctx(req((*(self.p as *const ncclNet_v11_t)).init, "init", v)?),
+                _ => Init::Ctx(req((*(self.p as *const ncclNet_v12_t)).init, "init", v)?),
+            }
+        })
+    }
+
+    /// The whole table, read after `init` succeeded (as NCCL reads it).
+    ///
+    /// # Safety
+    /// As for `init`.
+    pub unsafe fn table(&self) -> Res<Table> {
+        // SAFETY: the caller's promise.
+        unsafe { read(self.p, self.version) }
+    }
 }
 
 /// # Safety
@@ -131,7 +166,6 @@ unsafe fn read(p: *const c_void, v: u32) -> Res<Table> {
                 // SAFETY: the table's name is NULL or a NUL-terminated static string of the
                 // library, which outlives the table's users (the caller's promise).
                 name: if t.name.is_null() { "" } else { unsafe { std::ffi::CStr::from_ptr(t.name) }.to_str().unwrap_or("") },
-                init: $init(req(t.init, "init", v)?),
                 devices: req(t.devices, "devices", v)?,
                 props: $props(req(t.getProperties, "getProperties", v)?),
                 listen: $listen(req(t.listen, "listen", v)?),
