@@ -128,8 +128,11 @@ impl Net {
         let found = table::find(&lib, path, abi())?;
         let mut ctx = std::ptr::null_mut();
         let mut cfg = ncclNetCommConfig_t { trafficClass: -1 };
-        // Plugins call the logger without checking it, as NCCL always passes one.
-        let log = Some(logger());
+        // Plugins call the logger without checking it, as NCCL always passes one. rivet, given
+        // none, writes its own lines to stderr, formatted and at NCCL_DEBUG's level (which this
+        // logger, unable to format, could not do for it).
+        // SAFETY: `lib` is loaded.
+        let log = if unsafe { found.name() } == "rivet" { None } else { Some(logger()) };
         // SAFETY: `lib` is loaded; then (here and in each call into the table below) the
         // plugin's functions with their version's signatures, called with live out-parameters
         // and with handles this plugin returned.

@@ -124,6 +124,23 @@ pub fn find(lib: &libloading::Library, path: &std::path::Path, want: Option<u32>
 }
 
 impl Found {
+    /// The table's name, the first member in every version (set before init).
+    ///
+    /// # Safety
+    /// The library the table was found in is still loaded.
+    pub unsafe fn name(&self) -> String {
+        // SAFETY: the caller's promise: every version's table starts with `const char* name`,
+        // NULL or a NUL-terminated static string of the library.
+        unsafe {
+            let n = *(self.p as *const *const std::ffi::c_char);
+            if n.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(n).to_string_lossy().into_owned()
+            }
+        }
+    }
+
     /// The table's `init`, the first member after the name in every version.
     ///
     /// # Safety
