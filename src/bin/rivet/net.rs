@@ -4,6 +4,7 @@
 use crate::table::{self, Accept, Connect, Init, Irecv, Isend, Listen, RegMr, Table};
 use nccl_net_rivet::abi::types::*;
 use nccl_net_rivet::transport::MAX_RECVS;
+use std::io::Write;
 use std::sync::OnceLock;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
@@ -95,7 +96,8 @@ extern "C" fn plugin_log(level: std::ffi::c_int, _flags: std::ffi::c_ulong, _fil
     if level == NCCL_LOG_WARN && !fmt.is_null() {
         // SAFETY: the plugin passes its printf format, a NUL-terminated string, for the call.
         let f = unsafe { std::ffi::CStr::from_ptr(fmt) }.to_string_lossy();
-        eprintln!("rivet: the plugin warns (format string, arguments not shown): {}", f.trim_end());
+        // Never a panic here (it would abort inside a C call): a failed write is dropped.
+        let _ = writeln!(std::io::stderr(), "rivet: the plugin warns (format string, arguments not shown): {}", f.trim_end());
     }
 }
 
