@@ -9,6 +9,7 @@ mod peer;
 mod perf;
 mod soak;
 mod topo;
+mod usage;
 
 use clap::{Args, Parser, Subcommand};
 use net::Res;
@@ -150,8 +151,30 @@ fn run(cli: Cli) -> Res<i32> {
                     std::env::set_var("RIVET_SOCKET_CUDA", "1");
                 }
             }
-            let wrong = launch(2, &o.common.lib)?;
-            Ok(if wrong == 0 { 0 } else { 1 })
+            if o.comms.is_empty() {
+                let wrong = launch(2, &o.common.lib)?;
+                return Ok(if wrong == 0 { 0 } else { 1 });
+            }
+            // One pair of fresh processes per N, so that no row inherits another's memory. An N
+            // that fails is a row of the result too: the others still run.
+            let (mut bad, mut header) = (0, true);
+            for n in &o.comms {
+                let mut env = vec![(perf::COMMS_ENV, n.to_string())];
+                if header {
+                    env.push((perf::HEADER_ENV, "1".into()));
+                }
+                match launch_env(2, &o.common.lib, &env, Duration::from_secs(1800)) {
+                    Ok(wrong) => {
+                        header = false;
+                        bad += wrong;
+                    }
+                    Err(e) => {
+                        println!("# {n} comms: FAILED: {e}");
+                        bad += 1;
+                    }
+                }
+            }
+            Ok(if bad == 0 { 0 } else { 1 })
         }
         Cmd::Allreduce(o) => {
             o.check()?;

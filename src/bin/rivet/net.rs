@@ -195,41 +195,80 @@ impl Net {
         Ok((h, lc))
     }
 
-    /// Connect to `peer` and accept one connection on `lc`, progressing both without blocking.
-    pub fn connect_accept(&self, dev: i32, peer: &mut [u8; 128], lc: *mut c_void) -> Res<(*mut c_void, *mut c_void)> {
-        let (mut sc, mut rc): (*mut c_void, *mut c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
+    /// Connect to each of `peers` and accept one connection on each of `lcs` (as many), progressing
+    /// them all together without blocking, as NCCL's lazy connection of many peers does. Returns
+    /// the (send, receive) comm pairs in the order given.
+    pub fn connect_accept(&self, dev: i32, peers: &mut [[u8; 128]], lcs: &[*mut c_void]) -> Res<Vec<(*mut c_void, *mut c_void)>> {
+        let null = std::ptr::null_mut::<c_void>();
+        let mut pairs = vec![(null, null); peers.len().max(lcs.len())];
         let deadline = Instant::now() + self.timeout;
-        while sc.is_null() || rc.is_null() {
-            if sc.is_null() {
+        let mut left = peers.len() + lcs.len();
+        let r = self.progress_setup(dev, peers, lcs, &mut pairs, &mut left, deadline);
+        if let Err(e) = r {
+            // What did connect is closed again: a failed setup leaves nothing behind.
+            for &(sc, rc) in &pairs {
+                if !sc.is_null() {
+                    self.close_send(sc);
+                }
+                if !rc.is_null() {
+                    self.close_recv(rc);
+                }
+            }
+            return Err(e);
+        }
+        Ok(pairs)
+    }
+
+    fn progress_setup(
+        &self,
+        dev: i32,
+        peers: &mut [[u8; 128]],
+        lcs: &[*mut c_void],
+        pairs: &mut [(*mut c_void, *mut c_void)],
+        left: &mut usize,
+        deadline: Instant,
+    ) -> Res<()> {
+        while *left > 0 {
+            for (i, peer) in peers.iter_mut().enumerate() {
+                let sc = &mut pairs[i].0;
+                if !sc.is_null() {
+                    continue;
+                }
                 let (mut dc, hp) = (std::ptr::null_mut(), peer.as_mut_ptr() as *mut c_void);
                 let mut cfg = ncclNetCommConfig_t { trafficClass: -1 };
-                // SAFETY: see `load`; `peer` is the 128-byte handle, the same buffer each call.
+                // SAFETY: see `load`; `peer` is a 128-byte handle, the same buffer each call.
                 let r = unsafe {
                     match self.t.connect {
-                        Connect::V6(f) => f(dev, hp, &mut sc),
-                        Connect::Dev(f) => f(dev, hp, &mut sc, &mut dc),
-                        Connect::Config(f) => f(dev, &mut cfg, hp, &mut sc, &mut dc),
-                        Connect::Ctx(f) => f(self.ctx, dev, hp, &mut sc, &mut dc),
+                        Connect::V6(f) => f(dev, hp, sc),
+                        Connect::Dev(f) => f(dev, hp, sc, &mut dc),
+                        Connect::Config(f) => f(dev, &mut cfg, hp, sc, &mut dc),
+                        Connect::Ctx(f) => f(self.ctx, dev, hp, sc, &mut dc),
                     }
                 };
                 check("connect", r)?;
+                *left -= usize::from(!sc.is_null());
             }
-            if rc.is_null() {
+            for (i, &lc) in lcs.iter().enumerate() {
+                let rc = &mut pairs[i].1;
+                if !rc.is_null() {
+                    continue;
+                }
                 let mut dc = std::ptr::null_mut();
                 // SAFETY: see `load`.
                 let r = unsafe {
                     match self.t.accept {
-                        Accept::V6(f) => f(lc, &mut rc),
-                        Accept::Dev(f) => f(lc, &mut rc, &mut dc),
+                        Accept::V6(f) => f(lc, rc),
+                        Accept::Dev(f) => f(lc, rc, &mut dc),
                     }
                 };
                 check("accept", r)?;
+                *left -= usize::from(!rc.is_null());
             }
-            if Instant::now() > deadline {
-                return Err("connection setup timed out".into());
+            if *left > 0 && Instant::now() > deadline {
+                return Err(format!("connection setup timed out ({left} of {} connects and accepts unfinished)", peers.len() + lcs.len()));
             }
         }
-        Ok((sc, rc))
+        Ok(())
     }
 
     /// Register a buffer; the caller keeps it (and does not move it) until it is deregistered.
@@ -360,13 +399,20 @@ impl Net {
         Ok(self.test_n(req, &mut size)?.then_some(size[0] as usize))
     }
 
-    pub fn close(&self, sc: *mut c_void, rc: *mut c_void, lc: *mut c_void) {
-        // SAFETY: see `load`; each handle is closed once (the caller's ring forgets them).
-        unsafe {
-            (self.t.close_send)(sc);
-            (self.t.close_recv)(rc);
-            (self.t.close_listen)(lc);
-        }
+    /// Close a send comm, a receive comm or a listening comm (each once; callers forget them).
+    pub fn close_send(&self, sc: *mut c_void) {
+        // SAFETY: see `load`; a send comm of this plugin, closed once.
+        unsafe { (self.t.close_send)(sc) };
+    }
+
+    pub fn close_recv(&self, rc: *mut c_void) {
+        // SAFETY: see `load`; a receive comm of this plugin, closed once.
+        unsafe { (self.t.close_recv)(rc) };
+    }
+
+    pub fn close_listen(&self, lc: *mut c_void) {
+        // SAFETY: see `load`; a listening comm of this plugin, closed once.
+        unsafe { (self.t.close_listen)(lc) };
     }
 }
 

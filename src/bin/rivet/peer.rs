@@ -127,9 +127,16 @@ pub struct Ring {
     pub net: Net,
     pub rank: usize,
     pub nranks: usize,
+    /// The first send and receive comm (most modes use one pair).
     pub send: *mut std::ffi::c_void,
     pub recv: *mut std::ffi::c_void,
-    listen: *mut std::ffi::c_void,
+    /// Every pair: the i-th send comm goes to the next rank's i-th receive comm.
+    pub sends: Vec<*mut std::ffi::c_void>,
+    pub recvs: Vec<*mut std::ffi::c_void>,
+    /// From the first connect to the last pair connected (the listens are then closed, as NCCL
+    /// closes a listening comm once it has accepted).
+    pub setup: Duration,
+    closed: bool,
     /// The device this rank uses.
     pub dev: i32,
     /// The transport the plugin chose ("TCP" or "RDMA verbs"), from the listen handle.
@@ -146,17 +153,33 @@ impl Ring {
     /// sends the launcher its line for nccl-tests' `# Using devices` list, which the launcher
     /// prints in rank order once every rank has joined.
     pub fn join(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], describe: bool) -> Res<Ring> {
-        Self::join_with(Net::load(lib)?, rank, nranks, devs, describe)
+        Self::join_with(Net::load(lib)?, rank, nranks, devs, describe, 1)
     }
 
-    /// As [`Ring::join`], with the plugin already loaded (and initialized).
-    pub fn join_with(net: Net, rank: usize, nranks: usize, devs: &[i32], describe: bool) -> Res<Ring> {
+    /// As [`Ring::join`], with the plugin already loaded (and initialized), and `comms` pairs of
+    /// comms (each its own listen, connect and accept, as NCCL makes one per peer and channel).
+    pub fn join_with(net: Net, rank: usize, nranks: usize, devs: &[i32], describe: bool, comms: usize) -> Res<Ring> {
         let ndev = net.ndev()?;
         let dev = devs.get(rank % devs.len().max(1)).copied().unwrap_or(0);
         if dev >= ndev {
             return Err(format!("device {dev} does not exist: the plugin reports {ndev} device(s) (see `rivet info`)"));
         }
-        let (h, lc) = net.listen(dev)?;
+        let mut handles = Vec::with_capacity(comms);
+        let mut lcs = Vec::with_capacity(comms);
+        let close_listens = |net: &Net, lcs: &[*mut std::ffi::c_void]| lcs.iter().for_each(|&lc| net.close_listen(lc));
+        for _ in 0..comms.max(1) {
+            match net.listen(dev) {
+                Ok((h, lc)) => {
+                    handles.push(h);
+                    lcs.push(lc);
+                }
+                Err(e) => {
+                    close_listens(&net, &lcs);
+                    return Err(format!("listen #{}: {e}", lcs.len() + 1));
+                }
+            }
+        }
+        let h = handles[0];
         // rivet's handle says which transport it chose; another plugin's handle is its own.
         let transport = match nccl_net_rivet::proto::Handle::decode(&h).map(|h| h.transport) {
             Ok(nccl_net_rivet::proto::TRANSPORT_VERBS) => "RDMA verbs",
@@ -181,15 +204,27 @@ impl Ring {
                 p.name.clone()
             );
         }
-        println!("HANDLE {}", hex(&h));
+        // One line carries every handle, comma-separated; the launcher passes it on unread.
+        println!("HANDLE {}", handles.iter().map(|h| hex(h)).collect::<Vec<_>>().join(","));
         std::io::stdout().flush().map_err(|e| e.to_string())?;
         let mut line = String::new();
         std::io::stdin().read_line(&mut line).map_err(|e| e.to_string())?;
-        let mut peer = unhex(line.strip_prefix("PEER ").ok_or("launcher protocol error")?)?;
-        let (send, recv) = net.connect_accept(dev, &mut peer, lc)?;
+        let peer = line.strip_prefix("PEER ").ok_or("launcher protocol error")?;
+        let mut peers = peer.split(',').map(unhex).collect::<Res<Vec<_>>>()?;
+        if peers.len() != lcs.len() {
+            close_listens(&net, &lcs);
+            return Err(format!("the next rank listens {} time(s), this one {}", peers.len(), lcs.len()));
+        }
+        let t0 = Instant::now();
+        let pairs = net.connect_accept(dev, &mut peers, &lcs);
+        let setup = t0.elapsed();
+        close_listens(&net, &lcs);
+        let pairs = pairs?;
+        let (sends, recvs): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let yield_when_idle = nranks > cores || transport == "TCP";
-        Ok(Ring { net, rank, nranks, send, recv, listen: lc, dev, transport, yield_when_idle })
+        let (send, recv) = (sends[0], recvs[0]);
+        Ok(Ring { net, rank, nranks, send, recv, sends, recvs, setup, closed: false, dev, transport, yield_when_idle })
     }
 
     pub fn out(&self, s: &str) {
@@ -218,9 +253,10 @@ impl Ring {
 
     /// Close the comms (once; drop does it otherwise), keeping the plugin loaded.
     pub fn close(&mut self) {
-        if !self.listen.is_null() {
-            self.net.close(self.send, self.recv, self.listen);
-            self.listen = std::ptr::null_mut();
+        if !self.closed {
+            self.closed = true;
+            self.sends.iter().for_each(|&c| self.net.close_send(c));
+            self.recvs.iter().for_each(|&c| self.net.close_recv(c));
         }
     }
 

@@ -3,19 +3,20 @@
 
 use crate::net::Res;
 use crate::peer::Ring;
+use crate::usage::Usage;
 use crate::{parse_size, Common};
 use clap::Args;
 use std::time::Instant;
 
 #[derive(Args)]
 pub struct Opts {
-    /// Message sizes of the bandwidth test
-    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "64K,256K,1M,4M,16M,64M,256M", value_parser = parse_size)]
+    /// Message sizes of the bandwidth test [default: 64K,256K,1M,4M,16M,64M,256M; with --comms 1M]
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_size)]
     pub sizes: Vec<usize>,
     /// Messages in flight in the bandwidth test
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=32), allow_negative_numbers = true)]
     pub window: u16,
-    /// Bytes to move per size (at least 8 messages, at most 100000)
+    /// Bytes to move per size (at least 8 messages, and one per comm; at most 100000)
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
     pub bytes: usize,
     /// Round trips of the 8-byte latency test (0: no latency test)
@@ -24,9 +25,17 @@ pub struct Opts {
     /// Buffers in GPU memory (CUDA device 0), registered as NCCL_PTR_CUDA
     #[arg(long)]
     pub cuda: bool,
+    /// What connections cost: open N send/receive comm pairs between the two processes (each its own listen, connect and accept, as NCCL makes one per peer) and print a row of setup time, memory, pinned bytes, queue pairs, CQ entries, fds and threads per pair, then latency and bandwidth with traffic round-robin over all N; a list (1,16,256,1024) runs each N in fresh processes
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub comms: Vec<u32>,
     #[command(flatten)]
     pub common: Common,
 }
+
+/// The launcher tells each pair of processes of a `--comms` run its N (and whether it prints
+/// the table's header) through these.
+pub const COMMS_ENV: &str = "RIVET_PERF_COMMS";
+pub const HEADER_ENV: &str = "RIVET_PERF_HEADER";
 
 impl Opts {
     /// What clap cannot check alone, checked before any process starts.
@@ -39,12 +48,64 @@ impl Opts {
         }
         Ok(())
     }
+
+    /// The bandwidth test's sizes.
+    pub fn sizes(&self) -> Vec<usize> {
+        match (self.sizes.is_empty(), self.comms.is_empty()) {
+            (false, _) => self.sizes.clone(),
+            (true, true) => [16, 18, 20, 22, 24, 26, 28].map(|b| 1usize << b).to_vec(),
+            (true, false) => vec![1 << 20],
+        }
+    }
+}
+
+/// Registrations of one buffer on every send comm and every receive comm.
+struct Regs {
+    send: Vec<*mut std::ffi::c_void>,
+    recv: Vec<*mut std::ffi::c_void>,
+}
+
+impl Regs {
+    /// # Safety
+    /// `p` is `len` bytes of memory of type `ty` that outlive the ring's comms.
+    unsafe fn new(r: &Ring, p: *mut u8, len: usize, ty: i32) -> Res<Regs> {
+        let mut g = Regs { send: Vec::with_capacity(r.sends.len()), recv: Vec::with_capacity(r.recvs.len()) };
+        for &c in &r.sends {
+            // SAFETY: the caller's promise.
+            g.send.push(unsafe { r.net.reg_ptr(c, p, len, ty)? });
+        }
+        for &c in &r.recvs {
+            // SAFETY: as above.
+            g.recv.push(unsafe { r.net.reg_ptr(c, p, len, ty)? });
+        }
+        Ok(g)
+    }
+
+    fn release(&self, r: &Ring) -> Res<()> {
+        for (c, m) in r.sends.iter().zip(&self.send).chain(r.recvs.iter().zip(&self.recv)) {
+            r.net.dereg(*c, *m)?;
+        }
+        Ok(())
+    }
+}
+
+/// One-way latency statistics, µs.
+struct Lat {
+    p50: f64,
+    mean: f64,
+    p90: f64,
+    p99: f64,
+    max: f64,
 }
 
 pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<u64> {
     let devs = o.common.devs();
-    let (window, lat_iters) = (o.window as usize, o.lat_iters as usize);
-    let max = o.sizes.iter().copied().max().unwrap_or(8).max(8);
+    let n: usize = std::env::var(COMMS_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+    let costs = !o.comms.is_empty();
+    let fd_limit = if costs { crate::usage::raise_fd_limit() } else { 0 };
+    let sizes = o.sizes();
+    let window = o.window as usize;
+    let max = sizes.iter().copied().max().unwrap_or(8).max(8);
     // Real pages with data (a zero-filled allocation would be lazily mapped to the zero page).
     let mut buf: Vec<u8> = (0..max).map(|i| (i * 131 + rank) as u8).collect();
     let mut small = [0u8; 8];
@@ -57,19 +118,22 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     } else {
         None
     };
+    // The plugin loaded and its devices open (a process-wide cost, paid once), before any comm.
+    let net = crate::net::Net::load(lib)?;
+    net.ndev()?;
+    let before = if costs { Usage::now() } else { Usage::default() };
     // The ring (and its comms) is made after the buffers, so it is dropped before them: on an
     // error return no comm with requests in flight outlives the memory they name.
-    let r = Ring::join(lib, rank, nranks, &devs, false)?;
-    let net = &r.net;
+    let r = Ring::join_with(net, rank, nranks, &devs, false, n)?;
+    let idle = if costs { Usage::now() } else { Usage::default() };
     let (bp, sp, ty) = match &gpu {
         Some((b, s)) => (b.ptr() as *mut u8, s.ptr() as *mut u8, nccl_net_rivet::abi::types::NCCL_PTR_CUDA),
         None => (buf.as_mut_ptr(), small.as_mut_ptr(), nccl_net_rivet::abi::types::NCCL_PTR_HOST),
     };
     // SAFETY: `bp` is `max` bytes and `sp` 8 of memory of type `ty` (the buffers above), which
     // outlive the ring and its comms, and so every registration and request on them.
-    let (mh_s, mh_r) = unsafe { (net.reg_ptr(r.send, bp, max, ty)?, net.reg_ptr(r.recv, bp, max, ty)?) };
-    // SAFETY: as above.
-    let (mh_small_s, mh_small_r) = unsafe { (net.reg_ptr(r.send, sp, 8, ty)?, net.reg_ptr(r.recv, sp, 8, ty)?) };
+    let (big, little) = unsafe { (Regs::new(&r, bp, max, ty)?, Regs::new(&r, sp, 8, ty)?) };
+    let net = &r.net;
     let p = net.props(r.dev)?;
     let name = p.name.clone();
     let cfg = nccl_net_rivet::config::get();
@@ -79,8 +143,8 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         ("rivet", _) => format!(", {} QP(s)", cfg.ib_qps),
         _ => String::new(),
     };
-    r.out(&format!(
-        "# rivet perf: {} (ncclNet v{}, plugin {}) dev {} ({name}, {} Mb/s), {}{lanes}, window {}, {} buffers",
+    let what = format!(
+        "{} (ncclNet v{}, plugin {}) dev {} ({name}, {} Mb/s), {}{lanes}, window {}, {} buffers",
         net.path.display(),
         net.version(),
         net.name(),
@@ -89,94 +153,43 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         r.transport,
         window,
         if o.cuda { "GPU (CUDA device 0)" } else { "host" }
-    ));
-
-    // Latency: rank 0 sends 8 bytes, rank 1 echoes them. Each side keeps its next receive posted
-    // ahead (as NCCL does), so a clear-to-send is never on the critical path. Rank 0 times every
-    // round trip with the cycle counter (as perftest does: reading the clock can be a system call
-    // in a VM) and reports the median ("typical"), the mean, and the tail (p90, p99, max), halved.
-    let warm = if lat_iters == 0 { 0 } else { 100 };
-    let mut rtts: Vec<u64> = Vec::with_capacity(lat_iters);
-    let (mut t0, mut c0) = (Instant::now(), cycles());
-    // SAFETY: (here and in each isend and irecv below) the buffers outlive the comms (see the
-    // registrations); a benchmark lets a send and a receive share the small buffer, whose bytes
-    // it never checks.
-    let mut rr = if lat_iters == 0 { std::ptr::null_mut() } else { unsafe { net.irecv(r.recv, sp, 8, 0, mh_small_r)? } };
-    for i in 0..warm + lat_iters {
-        if i == warm {
-            (t0, c0) = (Instant::now(), cycles());
-        }
-        let last = i + 1 == warm + lat_iters;
-        if rank == 0 {
-            let start = cycles();
-            // SAFETY: see above.
-            let sr = unsafe { net.isend(r.send, sp, 8, 0, mh_small_s)? };
-            r.wait_all(&[rr])?;
-            if i >= warm {
-                rtts.push(cycles().wrapping_sub(start));
-            }
-            if !last {
-                // SAFETY: see above.
-                rr = unsafe { net.irecv(r.recv, sp, 8, 0, mh_small_r)? };
-            }
-            r.wait_all(&[sr])?;
-        } else {
-            r.wait_all(&[rr])?;
-            if !last {
-                // SAFETY: see above.
-                rr = unsafe { net.irecv(r.recv, sp, 8, 0, mh_small_r)? };
-            }
-            // SAFETY: see above.
-            let sr = unsafe { net.isend(r.send, sp, 8, 0, mh_small_s)? };
-            r.wait_all(&[sr])?;
-        }
-    }
-    if rank == 0 && !rtts.is_empty() {
-        let us_per_cycle = t0.elapsed().as_secs_f64() * 1e6 / cycles().wrapping_sub(c0).max(1) as f64;
-        rtts.sort_unstable();
-        let one_way = |c: u64| c as f64 * us_per_cycle / 2.0;
-        let mean = rtts.iter().sum::<u64>() as f64 / rtts.len() as f64 * us_per_cycle / 2.0;
-        let [p50, p90, p99] = [50, 90, 99].map(|p| one_way(percentile(&rtts, p)));
-        let max = one_way(*rtts.last().unwrap());
+    );
+    if !costs {
+        r.out(&format!("# rivet perf: {what}"));
+    } else if std::env::var_os(HEADER_ENV).is_some() {
+        r.out(&format!("# rivet perf --comms: {what}, fd limit {fd_limit}"));
+        r.out("# per pair: what one send comm and one receive comm cost in a process (rank 0's), connected and idle, before any buffer is registered;");
+        r.out("# after: the same once traffic has run and the buffers are deregistered. Latency and bandwidth: traffic round-robin over all the pairs.");
+        let bw: String = sizes.iter().map(|&s| format!(" {:>9}", format!("GB/s@{}", label(s)))).collect();
         r.out(&format!(
-            "# latency (8 B ping-pong, one way): typical {p50:.2} us, average {mean:.2} us, p90 {p90:.2} us, p99 {p99:.2} us, max {max:.2} us"
+            "#{:>6} {:>9} {:>8} {:>8} {:>8} {:>6} {:>8} {:>5} {:>6} {:>5} {:>5} {:>8} {:>8} {:>8} {:>8}{bw}",
+            "comms", "setup ms", "us/pair", "RSS KiB", "pin KiB", "MRs", "MR KiB", "QPs", "CQEs", "fds", "thr", "RSS aft", "pin aft", "p50 us", "p99 us"
         ));
     }
-    r.out(&format!("#{:>12} {:>8} {:>12} {:>10}", "size(B)", "iters", "time(us)", "GB/s"));
 
-    // Bandwidth: rank 0 streams `iters` messages with `window` in flight; rank 1 receives them and
-    // answers with one 8-byte message, which closes the timed interval.
-    for &size in &o.sizes {
-        let iters = (o.bytes / size.max(1)).clamp(8, 100_000);
-        let t0 = Instant::now();
-        let mut inflight = std::collections::VecDeque::with_capacity(window);
-        for _ in 0..iters {
-            if inflight.len() == window {
-                let q: *mut std::ffi::c_void = inflight.pop_front().unwrap();
-                r.wait_all(&[q])?;
-            }
-            // SAFETY: see above; size <= max.
-            let q = unsafe { if rank == 0 { net.isend(r.send, bp, size, 1, mh_s)? } else { net.irecv(r.recv, bp, size, 1, mh_r)? } };
-            inflight.push_back(q);
-        }
-        let rest: Vec<_> = inflight.into_iter().collect();
-        r.wait_all(&rest)?;
-        if rank == 0 {
-            // SAFETY: see above.
-            let rr = unsafe { net.irecv(r.recv, sp, 8, 2, mh_small_r)? };
-            r.wait_all(&[rr])?;
-        } else {
-            // SAFETY: see above.
-            let sr = unsafe { net.isend(r.send, sp, 8, 2, mh_small_s)? };
-            r.wait_all(&[sr])?;
-        }
-        let dt = t0.elapsed().as_secs_f64();
+    let lat = latency(&r, o.lat_iters as usize, sp, &little)?;
+    if let (false, Some(l)) = (costs, &lat) {
+        r.out(&format!(
+            "# latency (8 B ping-pong, one way): typical {:.2} us, average {:.2} us, p90 {:.2} us, p99 {:.2} us, max {:.2} us",
+            l.p50, l.mean, l.p90, l.p99, l.max
+        ));
+    }
+    if !costs {
+        r.out(&format!("#{:>12} {:>8} {:>12} {:>10}", "size(B)", "iters", "time(us)", "GB/s"));
+    }
+    let mut rates = Vec::new();
+    for &size in &sizes {
+        let iters = (o.bytes / size.max(1)).max(n).clamp(8, 100_000);
+        let dt = bandwidth(&r, size, iters, window, (bp, &big), (sp, &little))?;
         let gbs = (size * iters) as f64 / dt / 1e9;
-        r.out(&format!(" {size:>12} {iters:>8} {:>12.1} {gbs:>10.3}", dt * 1e6 / iters as f64));
+        rates.push(gbs);
+        if !costs {
+            r.out(&format!(" {size:>12} {iters:>8} {:>12.1} {gbs:>10.3}", dt * 1e6 / iters as f64));
+        }
     }
     // GPU buffers: the receiver's holds what the sender's last message carried.
     let mut wrong = 0;
-    if let (Some((b, _)), Some(&last)) = (&gpu, o.sizes.last()) {
+    if let (Some((b, _)), Some(&last)) = (&gpu, sizes.last()) {
         if rank == 1 {
             let mut got = vec![0u8; last];
             b.download(&mut got).map_err(|e| e.msg)?;
@@ -185,10 +198,143 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
             println!("OUT # GPU buffer check: {wrong} wrong byte(s) of {last}");
         }
     }
-    for (c, m) in [(r.send, mh_s), (r.recv, mh_r), (r.send, mh_small_s), (r.recv, mh_small_r)] {
-        net.dereg(c, m)?;
+    big.release(&r)?;
+    little.release(&r)?;
+    if costs {
+        let after = Usage::now();
+        r.out(&cost_row(n, r.setup, [&before, &idle, &after], lat.as_ref(), &rates));
     }
     Ok(wrong)
+}
+
+/// One row of the `--comms` table: the differences from `before` per pair of comms.
+fn cost_row(n: usize, setup: std::time::Duration, [before, idle, after]: [&Usage; 3], lat: Option<&Lat>, rates: &[f64]) -> String {
+    let per = |a: u64, b: u64| (a as f64 - b as f64) / n as f64;
+    let f = |v: f64| if v.abs() >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") };
+    let rd = |k: fn(&crate::usage::Rdma) -> u64| match (idle.rdma, before.rdma) {
+        (Some(i), Some(b)) => f(per(k(&i), k(&b))),
+        _ => "-".into(),
+    };
+    let (p50, p99) = lat.map_or(("-".into(), "-".into()), |l| (format!("{:.1}", l.p50), format!("{:.1}", l.p99)));
+    let bw: String = rates.iter().map(|g| format!(" {g:>9.3}")).collect();
+    format!(
+        " {n:>6} {:>9.1} {:>8.1} {:>8} {:>8} {:>6} {:>8} {:>5} {:>6} {:>5} {:>5} {:>8} {:>8} {p50:>8} {p99:>8}{bw}",
+        setup.as_secs_f64() * 1e3,
+        setup.as_secs_f64() * 1e6 / n as f64,
+        f(per(idle.rss_kib, before.rss_kib)),
+        f(per(idle.pinned_kib, before.pinned_kib)),
+        rd(|r| r.mrs),
+        rd(|r| r.mr_bytes / 1024),
+        rd(|r| r.qps),
+        rd(|r| r.cqes),
+        f(per(idle.fds, before.fds)),
+        f(per(idle.threads, before.threads)),
+        f(per(after.rss_kib, before.rss_kib)),
+        f(per(after.pinned_kib, before.pinned_kib)),
+    )
+}
+
+/// The 8-byte ping-pong: rank 0 sends, rank 1 echoes, the i-th round trip on the (i mod N)-th
+/// pair of comms. Each side keeps a receive posted ahead on every receive comm (as NCCL does),
+/// so a clear-to-send is never on the critical path. Rank 0 times every round trip with the
+/// cycle counter (as perftest does: reading the clock can be a system call in a VM) and gets the
+/// median, the mean and the tail (p90, p99, max), halved.
+fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs) -> Res<Option<Lat>> {
+    let (net, n) = (&r.net, r.sends.len());
+    let warm = if iters == 0 { 0 } else { 100 };
+    let total = warm + iters;
+    let mut rtts: Vec<u64> = Vec::with_capacity(iters);
+    let (mut t0, mut c0) = (Instant::now(), cycles());
+    // SAFETY: (here and in each isend and irecv below) the buffers outlive the comms (see the
+    // registrations); a benchmark lets a send and a receive share the small buffer, whose bytes
+    // it never checks.
+    let mut rr: Vec<_> = (0..n.min(total)).map(|k| unsafe { net.irecv(r.recvs[k], sp, 8, 0, mh.recv[k]) }).collect::<Res<_>>()?;
+    for i in 0..total {
+        if i == warm {
+            (t0, c0) = (Instant::now(), cycles());
+        }
+        let k = i % n;
+        let again = i + n < total;
+        if r.rank == 0 {
+            let start = cycles();
+            // SAFETY: see above.
+            let sr = unsafe { net.isend(r.sends[k], sp, 8, 0, mh.send[k])? };
+            r.wait_all(&[rr[k]])?;
+            if i >= warm {
+                rtts.push(cycles().wrapping_sub(start));
+            }
+            if again {
+                // SAFETY: see above.
+                rr[k] = unsafe { net.irecv(r.recvs[k], sp, 8, 0, mh.recv[k])? };
+            }
+            r.wait_all(&[sr])?;
+        } else {
+            r.wait_all(&[rr[k]])?;
+            if again {
+                // SAFETY: see above.
+                rr[k] = unsafe { net.irecv(r.recvs[k], sp, 8, 0, mh.recv[k])? };
+            }
+            // SAFETY: see above.
+            let sr = unsafe { net.isend(r.sends[k], sp, 8, 0, mh.send[k])? };
+            r.wait_all(&[sr])?;
+        }
+    }
+    if r.rank != 0 || rtts.is_empty() {
+        return Ok(None);
+    }
+    let us_per_cycle = t0.elapsed().as_secs_f64() * 1e6 / cycles().wrapping_sub(c0).max(1) as f64;
+    rtts.sort_unstable();
+    let one_way = |c: u64| c as f64 * us_per_cycle / 2.0;
+    let mean = rtts.iter().sum::<u64>() as f64 / rtts.len() as f64 * us_per_cycle / 2.0;
+    let [p50, p90, p99] = [50, 90, 99].map(|p| one_way(percentile(&rtts, p)));
+    Ok(Some(Lat { p50, mean, p90, p99, max: one_way(*rtts.last().unwrap()) }))
+}
+
+/// Streaming: rank 0 sends `iters` messages of `size` bytes with `window` in flight, the j-th on
+/// the (j mod N)-th pair; rank 1 receives them and answers with one 8-byte message, which closes
+/// the timed interval. Returns the seconds it took.
+fn bandwidth(r: &Ring, size: usize, iters: usize, window: usize, (bp, big): (*mut u8, &Regs), (sp, little): (*mut u8, &Regs)) -> Res<f64> {
+    let (net, n) = (&r.net, r.sends.len());
+    let t0 = Instant::now();
+    let mut inflight = std::collections::VecDeque::with_capacity(window);
+    for j in 0..iters {
+        if inflight.len() == window {
+            let q: *mut std::ffi::c_void = inflight.pop_front().unwrap();
+            r.wait_all(&[q])?;
+        }
+        let k = j % n;
+        // SAFETY: see `latency`; size <= the buffer's length.
+        let q = unsafe {
+            if r.rank == 0 {
+                net.isend(r.sends[k], bp, size, 1, big.send[k])?
+            } else {
+                net.irecv(r.recvs[k], bp, size, 1, big.recv[k])?
+            }
+        };
+        inflight.push_back(q);
+    }
+    let rest: Vec<_> = inflight.into_iter().collect();
+    r.wait_all(&rest)?;
+    // SAFETY: see `latency`.
+    let q = unsafe {
+        if r.rank == 0 {
+            net.irecv(r.recvs[0], sp, 8, 2, little.recv[0])?
+        } else {
+            net.isend(r.sends[0], sp, 8, 2, little.send[0])?
+        }
+    };
+    r.wait_all(&[q])?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// 1M, 64K, 4096: a size as `--sizes` takes it.
+fn label(s: usize) -> String {
+    match s {
+        s if s >= 1 << 30 && s % (1 << 30) == 0 => format!("{}G", s >> 30),
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{}M", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{}K", s >> 10),
+        s => s.to_string(),
+    }
 }
 
 /// The `p`-th percentile of sorted, non-empty samples (nearest rank: the smallest sample with at

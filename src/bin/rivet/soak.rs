@@ -13,6 +13,7 @@
 
 use crate::net::Res;
 use crate::peer::Ring;
+use crate::usage::Usage;
 use crate::{parse_size, Common};
 use clap::Args;
 use std::collections::VecDeque;
@@ -164,24 +165,8 @@ impl Dir {
     }
 }
 
-#[derive(Clone, Copy)]
-struct Counts {
-    rss_kib: u64,
-    fds: u64,
-    threads: u64,
-}
-
-fn counts() -> Counts {
-    // Memory glibc keeps after free would read as growth: give it back first.
-    // SAFETY: malloc_trim has no preconditions.
-    // SAFETY: malloc_trim only returns free heap pages to the kernel.
-    unsafe { libc::malloc_trim(0) };
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |k: &str| {
-        status.lines().find_map(|l| l.strip_prefix(k)).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or(0)
-    };
-    let fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count() as u64).unwrap_or(0);
-    Counts { rss_kib: field("VmRSS:"), fds, threads: field("Threads:") }
+fn counts() -> Usage {
+    Usage::of_process()
 }
 
 struct Totals {
@@ -201,7 +186,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     // Declared before the ring (and its comms), so dropped after it: on an error return no comm
     // with requests in flight outlives the memory they name.
     let (mut sarena, mut rarena): (Arena, Arena);
-    let mut r = Ring::join_with(net, rank, nranks, &devs, false)?;
+    let mut r = Ring::join_with(net, rank, nranks, &devs, false, 1)?;
     let secs = std::env::var("RIVET_SOAK_SECS").ok().and_then(|s| s.parse::<f64>().ok()).ok_or("soak: the launcher did not say how long")?;
     let seed = std::env::var("RIVET_SOAK_SEED").ok().and_then(|s| s.parse::<u64>().ok()).ok_or("soak: no seed")?;
     let phase = std::env::var("RIVET_SOAK_PHASE").unwrap_or_default();
@@ -224,7 +209,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(secs);
     let warm = start + Duration::from_secs_f64((secs * 0.2).min(20.0));
-    let mut base: Option<Counts> = None;
+    let mut base: Option<Usage> = None;
     let mut peak_rss = 0;
     let mut tot = Totals { msgs: 0, bytes: 0, wrong: 0 };
     let mut window = MAX_WINDOW;

@@ -1,0 +1,69 @@
+#!/bin/sh
+# What connections cost and how latency holds, in the guest (run by ci/bench_comms.py at MTU
+# 9000): ROUNDS rounds of `rivet perf --dev 0,1 --comms LIST --sizes 1M` through each plugin in
+# the share: rivet, then the peers that are there (peers/libnccl-net-rdma-sharp.so, NCCL's IB
+# transport from nccl-rdma-sharp-plugins; peers/libnccl-net-ofi.so, aws-ofi-nccl over libfabric's
+# verbs provider), with the settings ../shared/peers/README.md gives for Soft-RoCE. Rank 0 is on
+# rxe0, rank 1 on rxe1. The plugins take turns going first. Output: each plugin's lines prefixed
+# with its name (rivet, nccl-ib, ofi), and ROUND lines.
+# Usage: comms.sh ROUNDS LIST BYTES LAT_ITERS [hog|hog:NICE]
+#   hog: one busy loop per vCPU at nice 19 (hog:NICE at that niceness) for the whole run
+. /guest/lib.sh
+cd /mnt/host || exit 2
+rounds=${1:-3} list=${2:-1,16,256,1024} bytes=${3:-256M} lat=${4:-1000}
+G=${RXE0_GID_INDEX:-1}
+case "${5:-}" in
+  hog) NICE=19 ;;
+  hog:*) NICE=${5#hog:} ;;
+  *) NICE= ;;
+esac
+plugins=rivet
+[ -f peers/libnccl-net-rdma-sharp.so ] && plugins="$plugins nccl-ib"
+if [ -f peers/libnccl-net-ofi.so ]; then
+  plugins="$plugins ofi"
+  # aws-ofi-nccl will not start without an up interface whose name does not start with veth (or
+  # docker, br-, ...): a second veth pair, renamed.
+  $IP link add nid0 type veth peer name nid1 && $IP addr add 10.9.0.1/24 dev nid0 &&
+    $IP addr add 10.9.0.2/24 dev nid1 && $IP link set nid0 up && $IP link set nid1 up || exit 1
+fi
+echo "COMMS info plugins=$plugins list=$list bytes=$bytes lat_iters=$lat gid=$G"
+if [ -n "$NICE" ]; then
+  n=$(nproc)
+  i=0
+  while [ $i -lt "$n" ]; do
+    nice -n "$NICE" sh -c 'while :; do :; done' &
+    hogs="${hogs:-} $!"
+    i=$((i + 1))
+  done
+  echo "COMMS info cpu_hog=$n nice=$NICE"
+fi
+PL=/mnt/host/peers/lib
+one() {
+  name=$1
+  case $1 in
+    rivet) set -- env /mnt/host/rivet perf --lib /mnt/host/libnccl-net-rivet.so ;;
+    nccl-ib) set -- env LD_LIBRARY_PATH=$PL NCCL_IB_GID_INDEX=$G NCCL_SOCKET_IFNAME=veth0 \
+               /mnt/host/rivet perf --lib /mnt/host/peers/libnccl-net-rdma-sharp.so ;;
+    ofi) set -- env LD_LIBRARY_PATH=$PL:/mnt/host/peers/ofi-shim NCCL_SOCKET_IFNAME=veth0 \
+           FI_PROVIDER=ofi_rxm,verbs FI_VERBS_IFACE=veth0 OFI_NCCL_PROTOCOL=SENDRECV FI_UNIVERSE_SIZE=16 \
+           /mnt/host/rivet perf --lib /mnt/host/peers/libnccl-net-ofi.so ;;
+  esac
+  "$@" --dev 0,1 --comms "$list" --sizes 1M --bytes "$bytes" --lat-iters "$lat" 2>&1 | sed "s/^/$name /"
+}
+r=1
+while [ $r -le "$rounds" ]; do
+  echo "ROUND $r"
+  # Round r starts with the ((r-1) mod k)-th plugin.
+  set -- $plugins
+  k=$#
+  skip=$(( (r - 1) % k ))
+  order=
+  i=0
+  for p in $plugins; do [ $i -ge $skip ] && order="$order $p"; i=$((i + 1)); done
+  i=0
+  for p in $plugins; do [ $i -lt $skip ] && order="$order $p"; i=$((i + 1)); done
+  for p in $order; do one $p; done
+  r=$((r + 1))
+done
+[ -n "${hogs:-}" ] && kill $hogs 2>/dev/null
+exit 0
