@@ -114,8 +114,8 @@ pub const VARS: &[Var] = &[
     },
     Var {
         name: "NCCL_IB_QPS_PER_CONNECTION",
-        default: "2",
-        meaning: "Queue pairs per connection (1-16); each message above the eager limit is split across them in 128-byte-aligned chunks. NCCL's own default is 1; rivet's 2 measured 1.3-1.8x the bandwidth of 1 on Soft-RoCE (docs/benchmarks.md).",
+        default: "1",
+        meaning: "Queue pairs per connection (1-16), NCCL's default; each message above the eager limit is split across them in 128-byte-aligned chunks. More spread a connection over ECMP paths (and, on Soft-RoCE, over CPUs: 2 measured 1.3-1.8x the bandwidth of 1, docs/benchmarks.md), at a queue pair and its queues' memory each.",
     },
     Var {
         name: "RIVET_IB_EAGER_MAX",
@@ -439,7 +439,7 @@ mod tests {
     #[test]
     fn ib_variables() {
         let c = Config::from_env_with(&|_| None);
-        assert_eq!((c.ib_timeout, c.ib_retry_cnt, c.ib_qps, c.ib_gid_index, c.ib_tc), (20, 7, 2, None, None));
+        assert_eq!((c.ib_timeout, c.ib_retry_cnt, c.ib_qps, c.ib_gid_index, c.ib_tc), (20, 7, 1, None, None));
         assert_eq!(c.ib_addr_family, libc::AF_INET);
         let get = |n: &str| {
             Some(match n {

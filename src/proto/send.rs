@@ -189,6 +189,17 @@ impl SendEngine {
         if d < 0 {
             return Ok(false); // not written yet
         }
+        if d > 0 {
+            // A later lap overwrote this slot: the entry expected here is gone, so its receive's
+            // sends all went eagerly (a receive that needs its entry stays outstanding, and the
+            // receiver, with at most RECV_REQS receives outstanding, never writes FIFO_DEPTH
+            // entries past it). So did every entry older than the lap before the one found. The
+            // entries between may still be in their slots: read on from the first of them (the
+            // one found is read again when its turn comes).
+            self.cts_next += (d as u64).saturating_sub(FIFO_DEPTH as u64 - 1).max(1);
+            self.prune();
+            return Ok(true);
+        }
         let n = first.n();
         if n == 0 || n > MAX_GROUP {
             return Err(ProtoError::CorruptCts { n });
@@ -196,9 +207,7 @@ impl SendEngine {
         if group.len() < n || group[..n].iter().any(|e| e.stamp != first.stamp) {
             return Ok(false); // the rest of the group is still arriving
         }
-        // d > 0: the receiver wrote this slot a lap later than expected, so every entry before it
-        // belonged to a receive whose sends all went eagerly; this one is the newest.
-        let index = self.cts_next + d as u64;
+        let index = self.cts_next;
         self.cts_next = index + 1;
         self.prune();
         if seq_offset(self.seq, first.base) < n as i64 {

@@ -276,8 +276,11 @@ pub fn seq_offset(seq: u32, base: u32) -> i64 {
     seq.wrapping_sub(base) as i32 as i64
 }
 
-/// CTS slots per connection (a ring; the receiver has at most its request count in flight).
-pub const FIFO_DEPTH: usize = 256;
+/// CTS slots per connection (a ring; the receiver has at most its request count, 32, in flight,
+/// so a slot is written again only after 63 later ones: twice that count, as margin). Each slot
+/// costs 256 bytes of registered memory on both sides.
+pub const FIFO_DEPTH: usize = 64;
+const _: () = assert!(FIFO_DEPTH >= 2 * crate::proto::NCCL_INFLIGHT);
 /// Bytes of the CTS FIFO; the sender's credit word (u64, written by the receiver) follows it.
 pub const FIFO_BYTES: usize = FIFO_DEPTH * 8 * 32;
 /// Bytes of the sizes FIFO entry (one u64 per buffer of a grouped receive).

@@ -48,14 +48,25 @@ pub(super) const KIND_RECV: u64 = 2;
 pub(super) const KIND_CTRL: u64 = 3;
 pub(super) const KIND_FLUSH: u64 = 4;
 
-/// Queue depths (CQs are sized from them: every work request that can be outstanding).
-pub const SEND_QP_SQ: u32 = (SEND_REQS * 3 + 64) as u32;
-pub const RECV_QP_SQ: u32 = 256;
-/// Receives pre-posted on each receiver QP: every eager slot plus every send in flight.
-pub const RECV_QP_RQ: u32 = 1024;
+/// Queue depths (CQs are sized from them: every work request that can be outstanding). Providers
+/// round a queue up to a power of two slots with one kept empty, so each is 2^k - 1.
+pub const SEND_QP_SQ: u32 = 1023;
+const _: () = assert!(SEND_QP_SQ as usize >= SEND_REQS * 3 + 64);
+/// The receiver posts a CTS write per receive that needs one (at most 32 in flight), credit
+/// writes, and signals one in SIGNAL_EVERY.
+pub const RECV_QP_SQ: u32 = 127;
+/// Receives pre-posted on each receiver QP (reposted once a quarter is used): at least every
+/// eager slot plus every send in flight must remain posted.
+pub const RECV_QP_RQ: u32 = 511;
+const _: () = assert!((RECV_QP_RQ - RECV_QP_RQ / 4) as usize >= RING_SLOTS + SEND_REQS);
+/// Bytes a send work request carries inline (eager header and payload; the size word): an
+/// 8-byte message goes inline, and the queue's slots stay small (inline room is part of every
+/// slot).
+pub const SEND_INLINE: u32 = 64;
 pub const FLUSH_QP_SQ: u32 = FLUSH_REQS as u32 + 1;
-/// Eager ring slots at each receiver.
-pub const RING_SLOTS: usize = 32;
+/// Eager ring slots at each receiver: eager messages in flight per connection before the
+/// receiver's credit returns (NCCL keeps at most 8 steps in flight per connection).
+pub const RING_SLOTS: usize = 16;
 /// Bytes of the sender's header buffer.
 pub const HDRS_BYTES: usize = (SEND_REQS + RTS_HDRS) * EAGER_HDR;
 

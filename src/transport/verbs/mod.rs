@@ -134,7 +134,7 @@ impl Setup {
         let (local, fifo_addr, fifo_rkey, qpns) = if self.send {
             let cq = Cq::new(dev, (nq * (conn::SEND_QP_SQ + 1)) as usize)?;
             let qps = (0..nq)
-                .map(|_| QpInit::new(p, &cq, caps(conn::SEND_QP_SQ, 1, 256), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
+                .map(|_| QpInit::new(p, &cq, caps(conn::SEND_QP_SQ, 1, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
                 .collect::<Result<Vec<_>>>()?;
             // The CTS FIFO and, after it, the credit word the receiver updates.
             let fifo = RegBuf::new(dev, FIFO_BYTES + 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
@@ -148,13 +148,13 @@ impl Setup {
             let qps = (0..nq)
                 .map(|_| QpInit::new(p, &cq, caps(conn::RECV_QP_SQ, conn::RECV_QP_RQ, 256), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
                 .collect::<Result<Vec<_>>>()?;
-            let flush = QpInit::new(
-                p,
-                &cq,
-                caps(conn::FLUSH_QP_SQ, 1, 0),
-                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
-                cfg.ib_pkey,
-            )?;
+            // The flush QP serves GPUDirect receives only: none where NCCL cannot register GPU
+            // memory (a queue pair and its queue saved per receive comm), or flushes are off.
+            let flush = if !cfg.gdr_flush_disable && device::ptr_support(p).cuda {
+                Some(QpInit::new(p, &cq, caps(conn::FLUSH_QP_SQ, 1, 0), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, cfg.ib_pkey)?)
+            } else {
+                None
+            };
             let cts_out = RegBuf::new(dev, FIFO_BYTES, 0)?;
             let sizes_in = RegBuf::new(dev, FIFO_DEPTH * SIZES_ENTRY, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
             let ring = RegBuf::new(
@@ -165,7 +165,7 @@ impl Setup {
             let scratch = RegBuf::new(dev, 64, IBV_ACCESS_LOCAL_WRITE)?;
             let (a, k) = (sizes_in.addr(), sizes_in.mr.rkey());
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
-            (Local::Recv { qps, flush: Some(flush), cq, cts_out, sizes_in, ring, scratch }, a, k, qpns)
+            (Local::Recv { qps, flush, cq, cts_out, sizes_in, ring, scratch }, a, k, qpns)
         };
         let (ring_addr, ring_rkey, ring_slots, eager_max) = match &local {
             Local::Recv { ring, .. } => (ring.addr(), ring.mr.rkey(), conn::RING_SLOTS as u16, cfg.ib_eager_max as u32),
@@ -392,7 +392,7 @@ impl Setup {
             Local::Recv { cq, cts_out, sizes_in, ring, scratch, .. } => Box::new(VerbsRecv::new(
                 c,
                 qps,
-                flush.unwrap(),
+                flush,
                 cq,
                 cts_out,
                 sizes_in,
@@ -400,7 +400,6 @@ impl Setup {
                 cfg.ib_eager_max,
                 scratch,
                 (m.fifo_addr, m.fifo_rkey),
-                cfg.gdr_flush_disable,
             )),
         }
     }

@@ -36,7 +36,9 @@ pub struct VerbsRecv {
     /// before the ring they read).
     copies: EagerCopies,
     qps: Vec<QpRts>,
-    flush_qp: QpRts,
+    /// The loopback queue pair of flush reads; None where GPU memory cannot be registered (or
+    /// NCCL_GDR_FLUSH_DISABLE=1): then no receive buffer needs one.
+    flush_qp: Option<QpRts>,
     cq: Cq,
     /// CTS entries staged for the RDMA write into the sender's FIFO.
     cts_out: RegBuf,
@@ -55,7 +57,6 @@ pub struct VerbsRecv {
     unsignaled: [u32; MAX_QPS],
     wrs: [ibv_send_wr; 1],
     sges: [ibv_sge; 1],
-    flush_disabled: bool,
     pub c: Common,
 }
 
@@ -68,7 +69,7 @@ impl VerbsRecv {
     pub fn new(
         c: Common,
         qps: Vec<QpRts>,
-        flush_qp: QpRts,
+        flush_qp: Option<QpRts>,
         cq: Cq,
         cts_out: RegBuf,
         sizes_in: RegBuf,
@@ -76,7 +77,6 @@ impl VerbsRecv {
         eager_max: usize,
         scratch: RegBuf,
         rem_fifo: (u64, u32),
-        flush_disabled: bool,
     ) -> VerbsRecv {
         let eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, Origin::default());
         VerbsRecv {
@@ -98,7 +98,6 @@ impl VerbsRecv {
             wrs: unsafe { std::mem::zeroed() },
             // SAFETY: as above.
             sges: unsafe { std::mem::zeroed() },
-            flush_disabled,
             c,
         }
     }
@@ -257,17 +256,15 @@ impl Conn for VerbsRecv {
 
     fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
         self.c.check()?;
-        if self.flush_disabled {
-            return Ok(None);
-        }
+        let Some(flush_qp) = &self.flush_qp else { return Ok(None) };
         let Some(b) = bufs.iter().rev().find(|b| !b.buf.is_empty()) else { return Ok(None) };
         let m = mr_for(b.mr, b.buf.addr(), b.buf.len(), dev_id(self.c.port), IBV_ACCESS_REMOTE_READ, "iflush")?;
         let req = self.eng.post_flush().map_err(|e| self.c.proto(e))?;
         self.sges[0] = ibv_sge { addr: self.scratch.addr(), length: 1, lkey: self.scratch.mr.lkey() };
         self.wrs[0] = rdma_wr(IBV_WR_RDMA_READ, (KIND_FLUSH << KIND_SHIFT) | req as u64, b.buf.addr() as u64, m.rkey, 1);
         self.wrs[0].send_flags = IBV_SEND_SIGNALED;
-        if let Err(rc) = post_chain(&self.flush_qp, &mut self.wrs, &mut self.sges, 1) {
-            return Err(self.c.post_failed(self.flush_qp.qp().qpn(), "posting the flush read", rc));
+        if let Err(rc) = post_chain(flush_qp, &mut self.wrs, &mut self.sges, 1) {
+            return Err(self.c.post_failed(flush_qp.qp().qpn(), "posting the flush read", rc));
         }
         Ok(Some(req as u32))
     }
