@@ -149,7 +149,8 @@ impl Staged {
             gpu: None,
             registrar,
             pool: Pool::default(),
-            slots: (0..MANAGED).map(|_| Managed::Free).collect(),
+            // Made on first use: most comms never stage, and the slots are 57 KiB.
+            slots: Vec::new(),
             free: (0..MANAGED as u32).rev().collect(),
             queue: VecDeque::with_capacity(MANAGED),
             partial: Vec::with_capacity(MANAGED),
@@ -188,6 +189,9 @@ impl Staged {
     }
 
     fn take_slot(&mut self) -> Option<u32> {
+        if self.slots.is_empty() {
+            self.slots = (0..MANAGED).map(|_| Managed::Free).collect();
+        }
         self.free.pop()
     }
 
@@ -444,7 +448,10 @@ impl Conn for Staged {
         if m >= MANAGED {
             return Err(Error::internal("request slot out of range"));
         }
-        match &mut self.slots[m] {
+        let Some(slot) = self.slots.get_mut(m) else {
+            return Err(Error::internal("test on a request that is not in flight (already completed?)"));
+        };
+        match slot {
             Managed::Free => Err(Error::internal("test on a request that is not in flight (already completed?)")),
             Managed::SendStaged { .. } | Managed::SendWaiting { .. } => Ok(None),
             Managed::SendPosted { inner, .. } => {
@@ -533,7 +540,7 @@ impl Drop for Staged {
         // SAFETY: dropped once, here; `inner` is not used after this line.
         unsafe { ManuallyDrop::drop(&mut self.inner) };
         let drained = self.copier.as_deref_mut().map_or(true, |c| c.drain());
-        for m in 0..MANAGED as u32 {
+        for m in 0..self.slots.len() as u32 {
             if !matches!(self.slots[m as usize], Managed::Free) {
                 if let Managed::RecvPosted { staged, .. } | Managed::RecvCopying { staged, .. } =
                     std::mem::replace(&mut self.slots[m as usize], Managed::Free)

@@ -59,14 +59,21 @@ pub const RECV_QP_SQ: u32 = 127;
 /// eager slot plus every send in flight must remain posted.
 pub const RECV_QP_RQ: u32 = 511;
 const _: () = assert!((RECV_QP_RQ - RECV_QP_RQ / 4) as usize >= RING_SLOTS + SEND_REQS);
-/// Bytes a send work request carries inline (eager header and payload; the size word): an
-/// 8-byte message goes inline, and the queue's slots stay small (inline room is part of every
-/// slot).
-pub const SEND_INLINE: u32 = 64;
+/// Bytes a send work request carries inline (eager header and payload; the size word): a message
+/// of up to 16 bytes goes inline, and the queue's slots stay small (inline room is part of every
+/// slot: on rxe 48 keeps a slot at 256 bytes, 64 doubles it).
+pub const SEND_INLINE: u32 = 48;
+/// Completions the sender's CQ must hold per queue pair: one signaled work request per request
+/// slot (a rendezvous send's close on each QP, a non-inline eager send), the announcements', and
+/// the inline eager sends' one in SIGNAL_EVERY, which the sender reaps before it posts the next.
+pub const fn send_cq(nqps: u32) -> u32 {
+    ((SEND_REQS + RTS_HDRS) as u32 * nqps + 64).next_power_of_two() - 1
+}
 pub const FLUSH_QP_SQ: u32 = FLUSH_REQS as u32 + 1;
 /// Eager ring slots at each receiver: eager messages in flight per connection before the
-/// receiver's credit returns (NCCL keeps at most 8 steps in flight per connection).
-pub const RING_SLOTS: usize = 16;
+/// receiver's credit returns (NCCL keeps at most 8 steps in flight per connection). Each is
+/// RIVET_IB_EAGER_MAX (8 KiB) of registered memory.
+pub const RING_SLOTS: usize = 8;
 /// Bytes of the sender's header buffer.
 pub const HDRS_BYTES: usize = (SEND_REQS + RTS_HDRS) * EAGER_HDR;
 

@@ -132,7 +132,7 @@ impl Setup {
         let cfg = config::get();
         let nq = self.nqps as u32;
         let (local, fifo_addr, fifo_rkey, qpns) = if self.send {
-            let cq = Cq::new(dev, (nq * (conn::SEND_QP_SQ + 1)) as usize)?;
+            let cq = Cq::new(dev, conn::send_cq(nq) as usize)?;
             let qps = (0..nq)
                 .map(|_| QpInit::new(p, &cq, caps(conn::SEND_QP_SQ, 1, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
                 .collect::<Result<Vec<_>>>()?;

@@ -150,6 +150,12 @@ impl VerbsSend {
         self.wrs[0].sg_list = self.sges.as_mut_ptr();
         self.wrs[0].__bindgen_anon_1.imm_data = Imm::Eager(ring_slot as u32).encode().to_be();
         let inline = !on_gpu && EAGER_HDR + size <= self.qps[0].qp().max_inline as usize;
+        if inline && self.unsignaled + 1 >= SIGNAL_EVERY {
+            // This one will be signaled: reap the completions before it first. Nothing else
+            // polls a stream of inline sends (each is done once posted), and the CQ is sized
+            // for one such completion at a time.
+            self.progress()?;
+        }
         self.unsignaled += 1;
         let quiet = inline && self.unsignaled < SIGNAL_EVERY;
         self.wrs[0].send_flags = if inline { IBV_SEND_INLINE } else { 0 };
