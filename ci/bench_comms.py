@@ -16,6 +16,7 @@ Prints, per plugin and N, the median over the rounds of every column; `--hog` ad
 per guest vCPU (the tail under contention). All rows: target/vm/comms.log (or target/comms-tcp.log).
 """
 import argparse, os, re, shutil, statistics, subprocess, sys
+from benchlib import make_share
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLS = ["setup ms", "us/pair", "RSS KiB", "pin KiB", "MRs", "MR KiB", "QPs", "CQEs", "fds", "thr",
@@ -113,12 +114,7 @@ def main():
 
 
 def vm_rounds(a, peers):
-    share = os.path.join(ROOT, "target", "vm", "comms")
-    shutil.rmtree(share, ignore_errors=True)
-    os.makedirs(share)
-    shutil.copy(os.path.join(ROOT, "target/release/libnccl_net_rivet.so"), os.path.join(share, "libnccl-net-rivet.so"))
-    shutil.copy(os.path.join(ROOT, "target/release/rivet"), share)
-    shutil.copy(os.path.join(ROOT, "ci/vm/guest/comms.sh"), share)
+    share = make_share("comms", "comms.sh")
     if peers:
         print(f"# peers from {peers}: {', '.join(copy_peers(peers, os.path.join(share, 'peers')))}", flush=True)
     args = ["/mnt/host/comms.sh", str(a.rounds), a.comms, a.bytes, str(a.lat_iters)]

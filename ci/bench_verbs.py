@@ -17,6 +17,7 @@ with `git worktree`): each rivet measurement is then repeated through it, interl
 rounds, and the table gets its column and the ratio now / before.
 """
 import argparse, os, re, shutil, statistics, subprocess, sys
+from benchlib import make_share
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,12 +32,7 @@ def main():
                     help="one busy loop per guest vCPU for the whole run, at this niceness (default 19)")
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
-    share = os.path.join(ROOT, "target", "vm", "bench")
-    shutil.rmtree(share, ignore_errors=True)
-    os.makedirs(share)
-    shutil.copy(os.path.join(ROOT, "target/release/libnccl_net_rivet.so"), os.path.join(share, "libnccl-net-rivet.so"))
-    shutil.copy(os.path.join(ROOT, "target/release/rivet"), share)
-    shutil.copy(os.path.join(ROOT, "ci/vm/guest/bench.sh"), share)
+    share = make_share("bench", "bench.sh")
     args = ["/mnt/host/bench.sh", str(a.rounds)]
     if a.baseline:
         shutil.copy(a.baseline, os.path.join(share, "baseline.so"))

@@ -120,7 +120,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "RIVET_IB_EAGER_MAX",
         default: "8192",
-        meaning: "Largest message (bytes, 0-262144) the RDMA transport sends eagerly into the receiver's ring of registered buffers, without waiting for a clear-to-send; set on the receiving side (it sizes the ring: 32 slots).",
+        meaning: "Largest message (bytes, 0-262144) the RDMA transport sends eagerly into the receiver's ring of registered buffers, without waiting for a clear-to-send; set on the receiving side (it sizes the ring: 8 slots).",
     },
     Var {
         name: "NCCL_IB_PCI_RELAXED_ORDERING",

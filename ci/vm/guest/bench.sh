@@ -28,14 +28,8 @@ case "${4:-}" in
   *) NICE= ;;
 esac
 if [ -n "$NICE" ]; then
-  n=$(nproc)
-  i=0
-  while [ $i -lt "$n" ]; do
-    nice -n "$NICE" sh -c 'while :; do :; done' &
-    hogs="${hogs:-} $!"
-    i=$((i + 1))
-  done
-  echo "PERFTEST info cpu_hog=$n nice=$NICE"
+  start_hogs "$NICE"
+  echo "PERFTEST info cpu_hog=$(nproc) nice=$NICE"
 fi
 rivet() {
   # The two builds take turns going first (odd rounds: this build first), so that neither gains

@@ -28,14 +28,8 @@ if [ -f peers/libnccl-net-ofi.so ]; then
 fi
 echo "COMMS info plugins=$plugins list=$list bytes=$bytes lat_iters=$lat gid=$G"
 if [ -n "$NICE" ]; then
-  n=$(nproc)
-  i=0
-  while [ $i -lt "$n" ]; do
-    nice -n "$NICE" sh -c 'while :; do :; done' &
-    hogs="${hogs:-} $!"
-    i=$((i + 1))
-  done
-  echo "COMMS info cpu_hog=$n nice=$NICE"
+  start_hogs "$NICE"
+  echo "COMMS info cpu_hog=$(nproc) nice=$NICE"
 fi
 PL=/mnt/host/peers/lib
 one() {

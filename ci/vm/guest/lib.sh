@@ -67,3 +67,13 @@ pt_pair() {
   fi
   return 0
 }
+
+# start_hogs NICE: one busy loop per vCPU at niceness NICE, their pids in $hogs (kill $hogs ends them)
+start_hogs() {
+  _n=$(nproc) _i=0
+  while [ $_i -lt "$_n" ]; do
+    nice -n "$1" sh -c 'while :; do :; done' &
+    hogs="${hogs:-} $!"
+    _i=$((_i + 1))
+  done
+}
