@@ -62,7 +62,7 @@ fn rdma(pid: u32) -> Option<Rdma> {
     // No device, no tracker: `rdma` prints nothing (or fails) for every kind.
     let any = Command::new("rdma").args(["-j", "res", "show"]).output().ok()?;
     let all: serde_json::Value = serde_json::from_slice(&any.stdout).ok()?;
-    if all.as_array().is_none_or(|a| a.is_empty()) {
+    if all.as_array().map_or(true, |a| a.is_empty()) {
         return None;
     }
     let qps = mine("qp")?;

@@ -40,8 +40,8 @@ const READY: u8 = 0x52;
 
 /// Local resources of a connection before its QPs are connected.
 enum Local {
-    Send { qps: Vec<QpInit>, cq: Cq, fifo: RegBuf, sizes_out: RegBuf, hdrs: RegBuf },
-    Recv { qps: Vec<QpInit>, flush: Option<QpInit>, cq: Cq, cts_out: RegBuf, sizes_in: RegBuf, ring: RegBuf, scratch: RegBuf },
+    Send { qps: Vec<QpInit>, cq: Cq, mem: RegBuf, parts: send::Parts },
+    Recv { qps: Vec<QpInit>, flush: Option<QpInit>, cq: Cq, mem: RegBuf, parts: recv::Parts },
 }
 
 enum Step {
@@ -136,13 +136,16 @@ impl Setup {
             let qps = (0..nq)
                 .map(|_| QpInit::new(p, &cq, caps(conn::SEND_QP_SQ, 1, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
                 .collect::<Result<Vec<_>>>()?;
-            // The CTS FIFO and, after it, the credit word the receiver updates.
-            let fifo = RegBuf::new(dev, FIFO_BYTES + 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
-            let sizes_out = RegBuf::new(dev, FIFO_DEPTH * SIZES_ENTRY, 0)?;
-            let hdrs = RegBuf::new(dev, conn::HDRS_BYTES, 0)?;
-            let (a, k) = (fifo.addr(), fifo.mr.rkey());
+            // One registration: the CTS FIFO and, after it, the credit word the receiver updates;
+            // the sizes staged for the receiver's sizes FIFO; the eager headers.
+            let (mem, [fifo, sizes_out, hdrs]) = RegBuf::carve(
+                dev,
+                [FIFO_BYTES + 64, FIFO_DEPTH * SIZES_ENTRY, conn::HDRS_BYTES],
+                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+            )?;
+            let (a, k) = (fifo.addr(), fifo.rkey());
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
-            (Local::Send { qps, cq, fifo, sizes_out, hdrs }, a, k, qpns)
+            (Local::Send { qps, cq, mem, parts: send::Parts { fifo, sizes_out, hdrs } }, a, k, qpns)
         } else {
             let cq = Cq::new(dev, (nq * (conn::RECV_QP_SQ + conn::RECV_QP_RQ) + conn::FLUSH_QP_SQ + 1) as usize)?;
             let qps = (0..nq)
@@ -155,20 +158,19 @@ impl Setup {
             } else {
                 None
             };
-            let cts_out = RegBuf::new(dev, FIFO_BYTES, 0)?;
-            let sizes_in = RegBuf::new(dev, FIFO_DEPTH * SIZES_ENTRY, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
-            let ring = RegBuf::new(
+            // One registration: the eager ring, the sizes FIFO the sender writes, the CTS entries
+            // staged for the sender's FIFO, the scratch word of flush reads and credit writes.
+            let (mem, [ring, sizes_in, cts_out, scratch]) = RegBuf::carve(
                 dev,
-                conn::RING_SLOTS * conn::slot_bytes(cfg.ib_eager_max),
+                [conn::RING_SLOTS * conn::slot_bytes(cfg.ib_eager_max), FIFO_DEPTH * SIZES_ENTRY, FIFO_BYTES, 64],
                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
             )?;
-            let scratch = RegBuf::new(dev, 64, IBV_ACCESS_LOCAL_WRITE)?;
-            let (a, k) = (sizes_in.addr(), sizes_in.mr.rkey());
+            let (a, k) = (sizes_in.addr(), sizes_in.rkey());
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
-            (Local::Recv { qps, flush, cq, cts_out, sizes_in, ring, scratch }, a, k, qpns)
+            (Local::Recv { qps, flush, cq, mem, parts: recv::Parts { cts_out, sizes_in, ring, scratch } }, a, k, qpns)
         };
         let (ring_addr, ring_rkey, ring_slots, eager_max) = match &local {
-            Local::Recv { ring, .. } => (ring.addr(), ring.mr.rkey(), conn::RING_SLOTS as u16, cfg.ib_eager_max as u32),
+            Local::Recv { parts, .. } => (parts.ring.addr(), parts.ring.rkey(), conn::RING_SLOTS as u16, cfg.ib_eager_max as u32),
             Local::Send { .. } => (0, 0, 0, 0),
         };
         let m = Meta {
@@ -385,22 +387,13 @@ impl Setup {
         qpns.extend(flush.as_ref().map(|f| f.qp().qpn()));
         let c = Common::new(p, self.peer, fd, &qpns);
         match self.local.take().unwrap() {
-            Local::Send { cq, fifo, sizes_out, hdrs, .. } => {
+            Local::Send { cq, mem, parts, .. } => {
                 let ring = Ring { addr: m.ring_addr, rkey: m.ring_rkey, slots: m.ring_slots as usize, eager_max: m.eager_max as usize };
-                Box::new(VerbsSend::new(c, qps, cq, fifo, sizes_out, hdrs, (m.fifo_addr, m.fifo_rkey), ring))
+                Box::new(VerbsSend::new(c, qps, cq, mem, parts, (m.fifo_addr, m.fifo_rkey), ring))
             }
-            Local::Recv { cq, cts_out, sizes_in, ring, scratch, .. } => Box::new(VerbsRecv::new(
-                c,
-                qps,
-                flush,
-                cq,
-                cts_out,
-                sizes_in,
-                ring,
-                cfg.ib_eager_max,
-                scratch,
-                (m.fifo_addr, m.fifo_rkey),
-            )),
+            Local::Recv { cq, mem, parts, .. } => {
+                Box::new(VerbsRecv::new(c, qps, flush, cq, mem, parts, cfg.ib_eager_max, (m.fifo_addr, m.fifo_rkey)))
+            }
         }
     }
 }

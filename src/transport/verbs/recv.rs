@@ -3,7 +3,7 @@
 //! groups, credit words, flush reads) as work requests; copies eager payloads out of the ring.
 
 use super::conn::{dev_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, KIND_CTRL, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RECV_QP_RQ, SIGNAL_EVERY};
-use super::res::{Cq, QpRts, RegBuf};
+use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
 use crate::proto::send::Origin;
@@ -31,6 +31,18 @@ pub fn post_recvs(qp: &QpRts, n: u32) -> std::result::Result<(), i32> {
     Ok(())
 }
 
+/// The receiver's registered memory, pieces of one registration.
+pub struct Parts {
+    /// CTS entries staged for the RDMA write into the sender's FIFO.
+    pub cts_out: Part,
+    /// Sizes of rendezvous sends, written by the sender.
+    pub sizes_in: Part,
+    /// The eager ring the sender writes into.
+    pub ring: Part,
+    /// Where flush reads land; also the source of credit writes.
+    pub scratch: Part,
+}
+
 pub struct VerbsRecv {
     /// Eager payloads on their way out of the ring (first: dropped, after its copies drained,
     /// before the ring they read).
@@ -40,15 +52,11 @@ pub struct VerbsRecv {
     /// NCCL_GDR_FLUSH_DISABLE=1): then no receive buffer needs one.
     flush_qp: Option<QpRts>,
     cq: Cq,
-    /// CTS entries staged for the RDMA write into the sender's FIFO.
-    cts_out: RegBuf,
-    /// Sizes of rendezvous sends, written by the sender.
-    sizes_in: RegBuf,
-    /// The eager ring the sender writes into.
-    ring: RegBuf,
+    cts_out: Part,
+    sizes_in: Part,
+    ring: Part,
     slot_bytes: usize,
-    /// Where flush reads land; also the source of credit writes.
-    scratch: RegBuf,
+    scratch: Part,
     rem_fifo_addr: u64,
     rem_fifo_rkey: u32,
     eng: RecvEngine,
@@ -58,6 +66,8 @@ pub struct VerbsRecv {
     wrs: [ibv_send_wr; 1],
     sges: [ibv_sge; 1],
     pub c: Common,
+    /// What the parts are pieces of: dropped last, after the QPs and the copies that use it.
+    _mem: RegBuf,
 }
 
 // SAFETY: the raw pointers inside (work requests, registered memory) are owned by this comm and
@@ -71,11 +81,9 @@ impl VerbsRecv {
         qps: Vec<QpRts>,
         flush_qp: Option<QpRts>,
         cq: Cq,
-        cts_out: RegBuf,
-        sizes_in: RegBuf,
-        ring: RegBuf,
+        mem: RegBuf,
+        p: Parts,
         eager_max: usize,
-        scratch: RegBuf,
         rem_fifo: (u64, u32),
     ) -> VerbsRecv {
         let eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, Origin::default());
@@ -84,11 +92,11 @@ impl VerbsRecv {
             qps,
             flush_qp,
             cq,
-            cts_out,
-            sizes_in,
-            ring,
+            cts_out: p.cts_out,
+            sizes_in: p.sizes_in,
+            ring: p.ring,
             slot_bytes: slot_bytes(eager_max),
-            scratch,
+            scratch: p.scratch,
             rem_fifo_addr: rem_fifo.0,
             rem_fifo_rkey: rem_fifo.1,
             eng,
@@ -99,6 +107,7 @@ impl VerbsRecv {
             // SAFETY: as above.
             sges: unsafe { std::mem::zeroed() },
             c,
+            _mem: mem,
         }
     }
 
@@ -138,7 +147,7 @@ impl VerbsRecv {
     fn drain_ring(&mut self) -> Result<()> {
         while let Some(slot) = self.eng.next_eager() {
             // SAFETY: `slot < RING_SLOTS`, inside the ring buffer (RING_SLOTS slots of slot_bytes).
-            let p = unsafe { self.ring.buf.ptr().add(slot * self.slot_bytes) };
+            let p = unsafe { self.ring.ptr().add(slot * self.slot_bytes) };
             // SAFETY: the header is aligned in the slot; volatile because the NIC wrote it (its
             // immediate has been seen, so the write is complete).
             let h = unsafe { std::ptr::read_volatile(p as *const EagerHdr) };
@@ -168,10 +177,10 @@ impl VerbsRecv {
             // the sender overwrite them is written: Arm may otherwise let the later store (and the
             // doorbell, whose barrier orders stores only) pass those loads.
             fence(Ordering::SeqCst);
-            let w = self.scratch.buf.ptr() as *mut u64;
+            let w = self.scratch.ptr() as *mut u64;
             // SAFETY: the scratch buffer holds 64 bytes of our own memory; word 1 is the credit's.
             unsafe { w.add(1).write(word) };
-            let (src, lkey) = (self.scratch.addr() + 8, self.scratch.mr.lkey());
+            let (src, lkey) = (self.scratch.addr() + 8, self.scratch.lkey());
             self.post_ctrl(0, src, lkey, 8, self.rem_fifo_addr + FIFO_BYTES as u64)?;
         }
         Ok(())
@@ -194,7 +203,7 @@ impl VerbsRecv {
                             let size = if s < FIFO_DEPTH && e < MAX_GROUP {
                                 // SAFETY: inside the sizes FIFO (FIFO_DEPTH entries of MAX_GROUP
                                 // words); the sender's size write came before the last immediate.
-                                unsafe { std::ptr::read_volatile((self.sizes_in.buf.ptr() as *const u64).add(s * MAX_GROUP + e)) }
+                                unsafe { std::ptr::read_volatile((self.sizes_in.ptr() as *const u64).add(s * MAX_GROUP + e)) }
                             } else {
                                 0
                             };
@@ -241,12 +250,12 @@ impl Conn for VerbsRecv {
             let off = p.slot * MAX_GROUP * cts_size;
             // SAFETY: slot < FIFO_DEPTH: inside the staging copy of the FIFO (FIFO_BYTES), our own
             // memory; the previous write from this slot completed long ago (a lap of the FIFO).
-            let out = unsafe { self.cts_out.buf.ptr().add(off) as *mut Cts };
+            let out = unsafe { self.cts_out.ptr().add(off) as *mut Cts };
             for (i, e) in p.entries[..p.n].iter().enumerate() {
                 // SAFETY: see above (i < MAX_GROUP).
                 unsafe { out.add(i).write(*e) };
             }
-            let (src, lkey) = (self.cts_out.addr() + off as u64, self.cts_out.mr.lkey());
+            let (src, lkey) = (self.cts_out.addr() + off as u64, self.cts_out.lkey());
             self.post_ctrl(p.q, src, lkey, p.n * cts_size, self.rem_fifo_addr + off as u64)?;
         }
         // Eager messages that arrived before this receive.
@@ -260,7 +269,7 @@ impl Conn for VerbsRecv {
         let Some(b) = bufs.iter().rev().find(|b| !b.buf.is_empty()) else { return Ok(None) };
         let m = mr_for(b.mr, b.buf.addr(), b.buf.len(), dev_id(self.c.port), IBV_ACCESS_REMOTE_READ, "iflush")?;
         let req = self.eng.post_flush().map_err(|e| self.c.proto(e))?;
-        self.sges[0] = ibv_sge { addr: self.scratch.addr(), length: 1, lkey: self.scratch.mr.lkey() };
+        self.sges[0] = ibv_sge { addr: self.scratch.addr(), length: 1, lkey: self.scratch.lkey() };
         self.wrs[0] = rdma_wr(IBV_WR_RDMA_READ, (KIND_FLUSH << KIND_SHIFT) | req as u64, b.buf.addr() as u64, m.rkey, 1);
         self.wrs[0].send_flags = IBV_SEND_SIGNALED;
         if let Err(rc) = post_chain(flush_qp, &mut self.wrs, &mut self.sges, 1) {

@@ -428,6 +428,53 @@ impl RegBuf {
     pub fn addr(&self) -> u64 {
         self.buf.ptr() as u64
     }
+
+    /// One registration carved into pieces of the given lengths, each 64-byte aligned (one MR
+    /// and one system call per comm instead of one per buffer, and no page rounding per piece).
+    /// The pieces name memory of the RegBuf: keep it until they are no longer used.
+    pub fn carve<const N: usize>(dev: &IbDevice, lens: [usize; N], access: u32) -> Result<(RegBuf, [Part; N])> {
+        let mut offs = [0usize; N];
+        let mut end = 0;
+        for (o, l) in offs.iter_mut().zip(lens) {
+            *o = end;
+            end = (end + l).next_multiple_of(64);
+        }
+        let r = RegBuf::new(dev, end, access)?;
+        let (lkey, rkey) = (r.mr.lkey(), r.mr.rkey());
+        // SAFETY: each offset plus its length is within the `end` bytes the buffer holds.
+        let parts = std::array::from_fn(|i| Part { ptr: unsafe { r.buf.ptr().add(offs[i]) }, len: lens[i], lkey, rkey });
+        Ok((r, parts))
+    }
+}
+
+/// A piece of a registered region ([`RegBuf::carve`]): its address and keys.
+#[derive(Clone, Copy)]
+pub struct Part {
+    ptr: *mut u8,
+    len: usize,
+    lkey: u32,
+    rkey: u32,
+}
+
+impl Part {
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
 }
 
 // SAFETY: each owns its verbs object (or memory) alone and frees it in Drop; libibverbs objects

@@ -2,7 +2,7 @@
 //! our memory, feeds them to the [`SendEngine`], and posts what it answers as work requests.
 
 use super::conn::{dev_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, KIND_CTRL, KIND_SEND, KIND_SHIFT, SIGNAL_EVERY};
-use super::res::{Cq, QpRts, RegBuf};
+use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::Result;
 use crate::proto::send::{Close, Origin, RdvStep, RingSpec, SendEngine, SendPlan, SEND_REQS};
 use crate::proto::verbs::{Cts, EagerHdr, Imm, EAGER_DATA, EAGER_HDR, FIFO_BYTES, MAX_GROUP, MAX_QPS};
@@ -19,16 +19,25 @@ pub struct Ring {
     pub eager_max: usize,
 }
 
+/// The sender's registered memory, pieces of one registration.
+pub struct Parts {
+    /// The CTS FIFO the receiver writes into, followed by the credit word.
+    pub fifo: Part,
+    /// Sizes of rendezvous sends, staged for the write into the receiver's sizes FIFO.
+    pub sizes_out: Part,
+    /// Eager headers, one per request slot, then the announcements'.
+    pub hdrs: Part,
+}
+
 pub struct VerbsSend {
-    // Field order is drop order: QPs before their CQ, MRs before their memory.
+    // Field order is drop order: QPs before their CQ, and both before the memory they name.
     qps: Vec<QpRts>,
     cq: Cq,
-    /// The CTS FIFO the receiver writes into, followed by the credit word.
-    fifo: RegBuf,
-    /// Sizes of rendezvous sends, staged for the write into the receiver's sizes FIFO.
-    sizes_out: RegBuf,
-    /// Eager headers, one per request slot, then the announcements'.
-    hdrs: RegBuf,
+    fifo: Part,
+    sizes_out: Part,
+    hdrs: Part,
+    /// What `fifo`, `sizes_out` and `hdrs` are pieces of.
+    _mem: RegBuf,
     rem_sizes_addr: u64,
     rem_sizes_rkey: u32,
     ring: Ring,
@@ -49,14 +58,15 @@ unsafe impl Send for VerbsSend {}
 
 impl VerbsSend {
     #[allow(clippy::too_many_arguments)]
-    pub fn new(c: Common, qps: Vec<QpRts>, cq: Cq, fifo: RegBuf, sizes_out: RegBuf, hdrs: RegBuf, rem_sizes: (u64, u32), ring: Ring) -> VerbsSend {
+    pub fn new(c: Common, qps: Vec<QpRts>, cq: Cq, mem: RegBuf, p: Parts, rem_sizes: (u64, u32), ring: Ring) -> VerbsSend {
         let eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, Origin::default());
         VerbsSend {
             qps,
             cq,
-            fifo,
-            sizes_out,
-            hdrs,
+            fifo: p.fifo,
+            sizes_out: p.sizes_out,
+            hdrs: p.hdrs,
+            _mem: mem,
             rem_sizes_addr: rem_sizes.0,
             rem_sizes_rkey: rem_sizes.1,
             ring,
@@ -75,7 +85,7 @@ impl VerbsSend {
     fn entry_ptr(&self, slot: usize, r: usize) -> *mut Cts {
         // SAFETY: `slot < FIFO_DEPTH` and `r < MAX_GROUP` (the engine's and our bounds), inside the
         // FIFO_BYTES the FIFO buffer holds.
-        unsafe { (self.fifo.buf.ptr() as *mut Cts).add(slot * MAX_GROUP + r) }
+        unsafe { (self.fifo.ptr() as *mut Cts).add(slot * MAX_GROUP + r) }
     }
 
     /// The stamp of a CTS entry, loaded alone with acquire: the entry's other fields are read
@@ -122,7 +132,7 @@ impl VerbsSend {
     /// The credit word the receiver writes after the FIFO (ring slots it released).
     fn read_credits(&mut self) {
         // SAFETY: the word is an aligned u64 of the registered FIFO buffer, written by the NIC.
-        let w = unsafe { std::ptr::read_volatile(self.fifo.buf.ptr().add(FIFO_BYTES) as *const u64) };
+        let w = unsafe { std::ptr::read_volatile(self.fifo.ptr().add(FIFO_BYTES) as *const u64) };
         self.eng.on_credit(w);
     }
 
@@ -138,12 +148,12 @@ impl VerbsSend {
     /// `on_gpu`: the payload is GPU memory, which only the NIC may read (never inline).
     fn post_eager(&mut self, ring_slot: usize, hdr_slot: usize, h: EagerHdr, (data, lkey): (u64, u32), wr_id: u64, on_gpu: bool) -> Result<bool> {
         // SAFETY: `hdr_slot < SEND_REQS + RTS_HDRS`, the header buffers HDRS_BYTES holds.
-        let hp = unsafe { self.hdrs.buf.ptr().add(hdr_slot * EAGER_HDR) as *mut EagerHdr };
+        let hp = unsafe { self.hdrs.ptr().add(hdr_slot * EAGER_HDR) as *mut EagerHdr };
         // SAFETY: our own registered memory, aligned for the header, not in flight (its request
         // slot, or the announcement's, is ours until its write completes).
         unsafe { hp.write(h) };
         let size = if h.flags & EAGER_DATA != 0 { h.size as usize } else { 0 };
-        self.sges[0] = ibv_sge { addr: hp as u64, length: EAGER_HDR as u32, lkey: self.hdrs.mr.lkey() };
+        self.sges[0] = ibv_sge { addr: hp as u64, length: EAGER_HDR as u32, lkey: self.hdrs.lkey() };
         self.sges[1] = ibv_sge { addr: data, length: size as u32, lkey };
         let remote = self.ring.addr + (ring_slot * slot_bytes(self.ring.eager_max)) as u64;
         self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, remote, self.ring.rkey, if size > 0 { 2 } else { 1 });
@@ -193,7 +203,7 @@ impl VerbsSend {
             match s.close {
                 None => {}
                 Some(Close::Size) => {
-                    self.sges[n] = ibv_sge { addr: self.sizes_out.addr() + t.sizes_off, length: 8, lkey: self.sizes_out.mr.lkey() };
+                    self.sges[n] = ibv_sge { addr: self.sizes_out.addr() + t.sizes_off, length: 8, lkey: self.sizes_out.lkey() };
                     self.wrs[n] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, self.rem_sizes_addr + t.sizes_off, self.rem_sizes_rkey, 1);
                     self.wrs[n].send_flags |= IBV_SEND_INLINE;
                     n += 1;
@@ -266,7 +276,7 @@ impl Conn for VerbsSend {
             Ok(SendPlan::Rdv { req, target }) => {
                 // SAFETY: `sizes_off` is inside the SIZES_ENTRY-per-slot buffer (slot < FIFO_DEPTH,
                 // entry < MAX_GROUP), an aligned u64 of our own memory.
-                unsafe { (self.sizes_out.buf.ptr().add(target.sizes_off as usize) as *mut u64).write(size as u64) };
+                unsafe { (self.sizes_out.ptr().add(target.sizes_off as usize) as *mut u64).write(size as u64) };
                 self.local[req as usize] = (data.addr() as u64, lkey);
                 self.post_rdv(req, ready)?;
                 Ok(Some(req as u32))
