@@ -57,9 +57,9 @@ for api in 12 11 10 9 8 7 6; do
   step "conformance-v$api-rxe0-rxe1" ./conformance --lib $LIB --api $api --dev 0 --dev2 1
   step "conformance-v$api-rxe0-rxe0" ./conformance --lib $LIB --api $api --dev 0 --dev2 0
 done
-# Every message by rendezvous (no eager ring traffic but empty messages) on one QP, and a large
+# Every message by rendezvous (no eager ring traffic but empty messages) on two QPs, and a large
 # eager limit with four QPs per connection.
-step conformance-v12-eager0-1qp env RIVET_IB_EAGER_MAX=0 NCCL_IB_QPS_PER_CONNECTION=1 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
+step conformance-v12-eager0-2qp env RIVET_IB_EAGER_MAX=0 NCCL_IB_QPS_PER_CONNECTION=2 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
 step conformance-v12-eager64k-4qp env RIVET_IB_EAGER_MAX=65536 NCCL_IB_QPS_PER_CONNECTION=4 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
 # The staging engine over verbs: every buffer through a registered bounce buffer and the host
 # copier (RIVET_STAGE_HOST=1), all cases, and RIVET_STATS must show the staged messages.

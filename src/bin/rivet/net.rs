@@ -96,8 +96,10 @@ extern "C" fn plugin_log(level: std::ffi::c_int, _flags: std::ffi::c_ulong, _fil
     if level == NCCL_LOG_WARN && !fmt.is_null() {
         // SAFETY: the plugin passes its printf format, a NUL-terminated string, for the call.
         let f = unsafe { std::ffi::CStr::from_ptr(fmt) }.to_string_lossy();
-        // Never a panic here (it would abort inside a C call): a failed write is dropped.
-        let _ = writeln!(std::io::stderr(), "rivet: the plugin warns (format string, arguments not shown): {}", f.trim_end());
+        // One write per line (two ranks share stderr); never a panic here (it would abort inside
+        // a C call): a failed write is dropped.
+        let line = format!("rivet: the plugin warns (format string, arguments not shown): {}\n", f.trim_end());
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }
 }
 

@@ -98,6 +98,14 @@ pub struct Common {
 }
 
 impl Common {
+    /// Watch one more queue pair of this comm for asynchronous events (the flush QP, made late).
+    pub(super) fn watch_qp(&mut self, qpn: u32) {
+        if self.nqpns < self.qpns.len() {
+            self.qpns[self.nqpns] = qpn;
+            self.nqpns += 1;
+        }
+    }
+
     pub fn new(port: &'static IbPort, peer: SocketAddr, oob: OwnedFd, qpns: &[u32]) -> Common {
         let mut q = [0u32; crate::proto::verbs::MAX_QPS + 1];
         let n = qpns.len().min(q.len());

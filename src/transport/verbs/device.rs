@@ -154,19 +154,6 @@ impl Registration for DmaBufMr {
     }
 }
 
-/// Whether NCCL may register GPU memory on this port: the CUDA pointers and dma-buf bits of
-/// ptrSupport. Receive comms make their flush queue pair only where it is set (as net_ib does
-/// where GPUDirect is supported).
-pub(super) fn ptr_support(port: &IbPort) -> PtrSupport {
-    let cfg = config::get();
-    if cfg.gdr == gdr::Mode::Off || cuda::get().is_err() {
-        return PtrSupport::default();
-    }
-    let dmabuf = cfg.dmabuf && port.dev.dmabuf.is_ok() && cuda::gdr_attributes(0).is_ok_and(|(_, db)| db);
-    let peermem = gdr::peermem(&Topology::machine().root).is_some();
-    PtrSupport { cuda: dmabuf || peermem || cfg.gdr == gdr::Mode::Force, dmabuf }
-}
-
 impl Transport for VerbsDevice {
     fn info(&self) -> &DevInfo {
         &self.info
@@ -196,7 +183,13 @@ impl Transport for VerbsDevice {
     /// CUDA when RIVET_GDR is not off, a CUDA driver works and peer memory or dma-buf exists (or
     /// RIVET_GDR=force); dma-buf when the NIC and GPU 0 support it and RIVET_DMABUF allows.
     fn ptr_support(&self) -> PtrSupport {
-        ptr_support(&self.port)
+        let cfg = config::get();
+        if cfg.gdr == gdr::Mode::Off || cuda::get().is_err() {
+            return PtrSupport::default();
+        }
+        let dmabuf = cfg.dmabuf && self.port.dev.dmabuf.is_ok() && cuda::gdr_attributes(0).is_ok_and(|(_, db)| db);
+        let peermem = gdr::peermem(&Topology::machine().root).is_some();
+        PtrSupport { cuda: dmabuf || peermem || cfg.gdr == gdr::Mode::Force, dmabuf }
     }
 
     fn listen(&'static self) -> Result<(Box<dyn Listening>, Handle)> {

@@ -41,7 +41,7 @@ const READY: u8 = 0x52;
 /// Local resources of a connection before its QPs are connected.
 enum Local {
     Send { qps: Vec<QpInit>, cq: Cq, mem: RegBuf, parts: send::Parts },
-    Recv { qps: Vec<QpInit>, flush: Option<QpInit>, cq: Cq, mem: RegBuf, parts: recv::Parts },
+    Recv { qps: Vec<QpInit>, cq: Cq, mem: RegBuf, parts: recv::Parts },
 }
 
 enum Step {
@@ -61,7 +61,7 @@ pub struct Setup {
     fd: Option<OwnedFd>,
     peer: SocketAddr,
     // Connected QPs drop before `local`, which holds their CQ.
-    connected: Option<(Vec<QpRts>, Option<QpRts>)>,
+    connected: Option<Vec<QpRts>>,
     local: Option<Local>,
     peer_meta: Option<Meta>,
     out: [u8; META_SIZE],
@@ -151,13 +151,6 @@ impl Setup {
             let qps = (0..nq)
                 .map(|_| QpInit::new(p, &cq, caps(conn::RECV_QP_SQ, conn::RECV_QP_RQ, 256), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
                 .collect::<Result<Vec<_>>>()?;
-            // The flush QP serves GPUDirect receives only: none where NCCL cannot register GPU
-            // memory (a queue pair and its queue saved per receive comm), or flushes are off.
-            let flush = if !cfg.gdr_flush_disable && device::ptr_support(p).cuda {
-                Some(QpInit::new(p, &cq, caps(conn::FLUSH_QP_SQ, 1, 0), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, cfg.ib_pkey)?)
-            } else {
-                None
-            };
             // One registration: the eager ring, the sizes FIFO the sender writes, the CTS entries
             // staged for the sender's FIFO, the scratch word of flush reads and credit writes.
             let (mem, [ring, sizes_in, cts_out, scratch]) = RegBuf::carve(
@@ -167,7 +160,7 @@ impl Setup {
             )?;
             let (a, k) = (sizes_in.addr(), sizes_in.rkey());
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
-            (Local::Recv { qps, flush, cq, mem, parts: recv::Parts { cts_out, sizes_in, ring, scratch } }, a, k, qpns)
+            (Local::Recv { qps, cq, mem, parts: recv::Parts { cts_out, sizes_in, ring, scratch } }, a, k, qpns)
         };
         let (ring_addr, ring_rkey, ring_slots, eager_max) = match &local {
             Local::Recv { parts, .. } => (parts.ring.addr(), parts.ring.rkey(), conn::RING_SLOTS as u16, cfg.ib_eager_max as u32),
@@ -263,9 +256,8 @@ impl Setup {
             retry_cnt: cfg.ib_retry_cnt,
             rnr_retry: 7,
         };
-        let (qps, flush) = match self.local.as_mut() {
-            Some(Local::Send { qps, .. }) => (std::mem::take(qps), None),
-            Some(Local::Recv { qps, flush, .. }) => (std::mem::take(qps), flush.take()),
+        let qps = match self.local.as_mut() {
+            Some(Local::Send { qps, .. } | Local::Recv { qps, .. }) => std::mem::take(qps),
             None => return Err(Error::internal("RDMA setup: no local queue pairs")),
         };
         let mut rts = Vec::with_capacity(qps.len());
@@ -287,16 +279,19 @@ impl Setup {
                 })?;
             }
         }
-        let flush = match flush {
-            Some(f) => {
-                let me = RemoteQp { qpn: f.qp().qpn(), lid: p.lid, gid: p.gid, mtu: p.mtu, global: p.is_roce() || p.lid == 0 };
-                let own = PathParams { mtu: p.mtu, ..params };
-                Some(f.rtr(p, &me, &own)?.rts(p, &own)?)
-            }
-            None => None,
-        };
-        self.connected = Some((rts, flush));
+        self.connected = Some(rts);
         Ok(())
+    }
+
+    /// The loopback queue pair of flush reads on `port`, connected to itself, its completions on
+    /// `cq`. Made by a receive comm at its first flush: NCCL flushes GPUDirect receives only, so
+    /// a comm that never receives into GPU memory never pays a queue pair for it.
+    pub(crate) fn flush_qp(port: &'static IbPort, cq: &Cq) -> Result<QpRts> {
+        let cfg = config::get();
+        let f = QpInit::new(port, cq, caps(conn::FLUSH_QP_SQ, 1, 0), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, cfg.ib_pkey)?;
+        let me = RemoteQp { qpn: f.qp().qpn(), lid: port.lid, gid: port.gid, mtu: port.mtu, global: port.is_roce() || port.lid == 0 };
+        let own = PathParams { mtu: port.mtu, tc: 0, sl: 0, timeout: cfg.ib_timeout, retry_cnt: cfg.ib_retry_cnt, rnr_retry: 7 };
+        f.rtr(port, &me, &own)?.rts(port, &own)
     }
 
     fn fail_if_late(&self) -> Result<()> {
@@ -367,7 +362,7 @@ impl Setup {
     fn finish(&mut self) -> Box<dyn Conn> {
         let p = self.port;
         let m = self.peer_meta.take().unwrap();
-        let (qps, flush) = self.connected.take().unwrap();
+        let qps = self.connected.take().unwrap();
         let fd = self.fd.take().unwrap();
         let cfg = config::get();
         let mtu = mtu_bytes((p.mtu as u8).min(m.mtu) as u32);
@@ -383,8 +378,7 @@ impl Setup {
             if self.send { self.tc } else { m.tc },
             if self.send { self.sl } else { m.sl }
         );
-        let mut qpns: Vec<u32> = qps.iter().map(|q| q.qp().qpn()).collect();
-        qpns.extend(flush.as_ref().map(|f| f.qp().qpn()));
+        let qpns: Vec<u32> = qps.iter().map(|q| q.qp().qpn()).collect();
         let c = Common::new(p, self.peer, fd, &qpns);
         match self.local.take().unwrap() {
             Local::Send { cq, mem, parts, .. } => {
@@ -392,7 +386,7 @@ impl Setup {
                 Box::new(VerbsSend::new(c, qps, cq, mem, parts, (m.fifo_addr, m.fifo_rkey), ring))
             }
             Local::Recv { cq, mem, parts, .. } => {
-                Box::new(VerbsRecv::new(c, qps, flush, cq, mem, parts, cfg.ib_eager_max, (m.fifo_addr, m.fifo_rkey)))
+                Box::new(VerbsRecv::new(c, qps, cq, mem, parts, cfg.ib_eager_max, (m.fifo_addr, m.fifo_rkey)))
             }
         }
     }

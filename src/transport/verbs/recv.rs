@@ -48,8 +48,8 @@ pub struct VerbsRecv {
     /// before the ring they read).
     copies: EagerCopies,
     qps: Vec<QpRts>,
-    /// The loopback queue pair of flush reads; None where GPU memory cannot be registered (or
-    /// NCCL_GDR_FLUSH_DISABLE=1): then no receive buffer needs one.
+    /// The loopback queue pair of flush reads, made at the first flush (NCCL flushes GPUDirect
+    /// receives only; most comms never do).
     flush_qp: Option<QpRts>,
     cq: Cq,
     cts_out: Part,
@@ -79,7 +79,6 @@ impl VerbsRecv {
     pub fn new(
         c: Common,
         qps: Vec<QpRts>,
-        flush_qp: Option<QpRts>,
         cq: Cq,
         mem: RegBuf,
         p: Parts,
@@ -90,7 +89,7 @@ impl VerbsRecv {
         VerbsRecv {
             copies: EagerCopies::default(),
             qps,
-            flush_qp,
+            flush_qp: None,
             cq,
             cts_out: p.cts_out,
             sizes_in: p.sizes_in,
@@ -265,9 +264,18 @@ impl Conn for VerbsRecv {
 
     fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
         self.c.check()?;
-        let Some(flush_qp) = &self.flush_qp else { return Ok(None) };
+        if crate::config::get().gdr_flush_disable {
+            return Ok(None);
+        }
         let Some(b) = bufs.iter().rev().find(|b| !b.buf.is_empty()) else { return Ok(None) };
         let m = mr_for(b.mr, b.buf.addr(), b.buf.len(), dev_id(self.c.port), IBV_ACCESS_REMOTE_READ, "iflush")?;
+        if self.flush_qp.is_none() {
+            let q = super::Setup::flush_qp(self.c.port, &self.cq).map_err(|e| self.c.die(e))?;
+            self.c.watch_qp(q.qp().qpn());
+            log::debug!("NET/rivet: {}: flush queue pair {} made at the first flush", self.c.where_(q.qp().qpn()), q.qp().qpn());
+            self.flush_qp = Some(q);
+        }
+        let Some(flush_qp) = &self.flush_qp else { return Ok(None) };
         let req = self.eng.post_flush().map_err(|e| self.c.proto(e))?;
         self.sges[0] = ibv_sge { addr: self.scratch.addr(), length: 1, lkey: self.scratch.lkey() };
         self.wrs[0] = rdma_wr(IBV_WR_RDMA_READ, (KIND_FLUSH << KIND_SHIFT) | req as u64, b.buf.addr() as u64, m.rkey, 1);
