@@ -63,11 +63,12 @@ const _: () = assert!((RECV_QP_RQ - RECV_QP_RQ / 4) as usize >= RING_SLOTS + SEN
 /// of up to 16 bytes goes inline, and the queue's slots stay small (inline room is part of every
 /// slot: on rxe 48 keeps a slot at 256 bytes, 64 doubles it).
 pub const SEND_INLINE: u32 = 48;
-/// Completions the sender's CQ must hold per queue pair: one signaled work request per request
-/// slot (a rendezvous send's close on each QP, a non-inline eager send), the announcements', and
-/// the inline eager sends' one in SIGNAL_EVERY, which the sender reaps before it posts the next.
+/// Completions the sender's CQ must hold: every work request of its send queues. Running, only
+/// the signaled ones complete (about one per request slot), but when a queue pair fails every
+/// work request on it completes in error, unsignaled ones too, and an overflowing CQ is an error
+/// of the whole device.
 pub const fn send_cq(nqps: u32) -> u32 {
-    ((SEND_REQS + RTS_HDRS) as u32 * nqps + 64).next_power_of_two() - 1
+    nqps * SEND_QP_SQ
 }
 pub const FLUSH_QP_SQ: u32 = FLUSH_REQS as u32 + 1;
 /// Eager ring slots at each receiver: eager messages in flight per connection before the

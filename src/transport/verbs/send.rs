@@ -11,6 +11,9 @@ use crate::sys::verbs;
 use crate::transport::{path_of, Conn, Lent, MrInfo, Path, MAX_RECVS};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
+/// Sends between two reads of the CTS FIFO when every send goes eagerly.
+const CTS_READ_EVERY: u32 = 4096;
+
 /// Where the sender's eager messages go.
 pub struct Ring {
     pub addr: u64,
@@ -46,6 +49,8 @@ pub struct VerbsSend {
     local: Box<[(u64, u32)]>,
     /// Eager writes posted unsignaled since the last signaled one.
     unsignaled: u32,
+    /// Sends since the CTS FIFO was last read.
+    eager_run: u32,
     steps: [RdvStep; MAX_QPS],
     wrs: [ibv_send_wr; 3],
     sges: [ibv_sge; 3],
@@ -73,6 +78,7 @@ impl VerbsSend {
             eng,
             local: vec![(0, 0); SEND_REQS].into_boxed_slice(),
             unsignaled: 0,
+            eager_run: 0,
             steps: [RdvStep { q: 0, data: None, close: None }; MAX_QPS],
             // SAFETY: all-zero work requests and scatter entries are valid (null pointers, 0 sizes).
             wrs: unsafe { std::mem::zeroed() },
@@ -162,8 +168,8 @@ impl VerbsSend {
         let inline = !on_gpu && EAGER_HDR + size <= self.qps[0].qp().max_inline as usize;
         if inline && self.unsignaled + 1 >= SIGNAL_EVERY {
             // This one will be signaled: reap the completions before it first. Nothing else
-            // polls a stream of inline sends (each is done once posted), and the CQ is sized
-            // for one such completion at a time.
+            // polls a stream of inline sends (each is done once posted), and their send queue
+            // slots come back only when a completion after them is polled.
             self.progress()?;
         }
         self.unsignaled += 1;
@@ -255,7 +261,12 @@ impl Conn for VerbsSend {
         let size = data.len();
         let lkey = if size > 0 { mr_for(mr, data.addr(), size, dev_id(self.c.port), 0, "isend")?.lkey } else { 0 };
         self.read_credits();
-        if size > self.eng.eager_max() {
+        self.eager_run += 1;
+        if size > self.eng.eager_max() || self.eager_run >= CTS_READ_EVERY {
+            // Also during a long run of eager sends: a receiver whose buffers are above the eager
+            // limit writes a CTS entry per receive, and the 32-bit stamps compare correctly only
+            // while the sender reads within 2^31 entries of it.
+            self.eager_run = 0;
             self.read_cts()?;
         }
         match self.eng.post(size, tag, ready) {
