@@ -40,8 +40,8 @@ const READY: u8 = 0x52;
 
 /// Local resources of a connection before its QPs are connected.
 enum Local {
-    Send { qps: Vec<QpInit>, cq: Cq, mem: RegBuf, parts: send::Parts },
-    Recv { qps: Vec<QpInit>, cq: Cq, mem: RegBuf, parts: recv::Parts },
+    Send { qps: Vec<QpInit>, cq: Cq, mem: [RegBuf; 2], parts: send::Parts },
+    Recv { qps: Vec<QpInit>, cq: Cq, mem: [RegBuf; 2], parts: recv::Parts },
 }
 
 enum Step {
@@ -136,13 +136,13 @@ impl Setup {
             let qps = (0..nq)
                 .map(|_| QpInit::new(p, &cq, caps(conn::SEND_QP_SQ, 1, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
                 .collect::<Result<Vec<_>>>()?;
-            // One registration: the CTS FIFO and, after it, the credit word the receiver updates;
-            // the sizes staged for the receiver's sizes FIFO; the eager headers.
-            let (mem, [fifo, sizes_out, hdrs]) = RegBuf::carve(
-                dev,
-                [FIFO_BYTES + 64, FIFO_DEPTH * SIZES_ENTRY, conn::HDRS_BYTES],
-                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
-            )?;
+            // Two registrations: what the receiver writes (the CTS FIFO and, after it, the credit
+            // word), and what only this side's work requests read (the sizes staged for the
+            // receiver's sizes FIFO, the eager headers), so that a stray remote write fails
+            // instead of landing there.
+            let (remote, [fifo]) = RegBuf::carve(dev, [FIFO_BYTES + 64], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
+            let (local, [sizes_out, hdrs]) = RegBuf::carve(dev, [FIFO_DEPTH * SIZES_ENTRY, conn::HDRS_BYTES], 0)?;
+            let mem = [remote, local];
             let (a, k) = (fifo.addr(), fifo.rkey());
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
             (Local::Send { qps, cq, mem, parts: send::Parts { fifo, sizes_out, hdrs } }, a, k, qpns)
@@ -151,13 +151,16 @@ impl Setup {
             let qps = (0..nq)
                 .map(|_| QpInit::new(p, &cq, caps(conn::RECV_QP_SQ, conn::RECV_QP_RQ, 256), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
                 .collect::<Result<Vec<_>>>()?;
-            // One registration: the eager ring, the sizes FIFO the sender writes, the CTS entries
-            // staged for the sender's FIFO, the scratch word of flush reads and credit writes.
-            let (mem, [ring, sizes_in, cts_out, scratch]) = RegBuf::carve(
+            // Two registrations: what the sender writes (the eager ring, the sizes FIFO), and what
+            // only this side uses (the CTS entries staged for the sender's FIFO, the scratch word
+            // of flush reads and credit writes).
+            let (remote, [ring, sizes_in]) = RegBuf::carve(
                 dev,
-                [conn::RING_SLOTS * conn::slot_bytes(cfg.ib_eager_max), FIFO_DEPTH * SIZES_ENTRY, FIFO_BYTES, 64],
+                [conn::RING_SLOTS * conn::slot_bytes(cfg.ib_eager_max), FIFO_DEPTH * SIZES_ENTRY],
                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
             )?;
+            let (local, [cts_out, scratch]) = RegBuf::carve(dev, [FIFO_BYTES, 64], IBV_ACCESS_LOCAL_WRITE)?;
+            let mem = [remote, local];
             let (a, k) = (sizes_in.addr(), sizes_in.rkey());
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
             (Local::Recv { qps, cq, mem, parts: recv::Parts { cts_out, sizes_in, ring, scratch } }, a, k, qpns)

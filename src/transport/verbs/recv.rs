@@ -31,7 +31,8 @@ pub fn post_recvs(qp: &QpRts, n: u32) -> std::result::Result<(), i32> {
     Ok(())
 }
 
-/// The receiver's registered memory, pieces of one registration.
+/// The receiver's registered memory: pieces of two registrations, what the sender writes and
+/// what only this side uses.
 pub struct Parts {
     /// CTS entries staged for the RDMA write into the sender's FIFO.
     pub cts_out: Part,
@@ -67,7 +68,7 @@ pub struct VerbsRecv {
     sges: [ibv_sge; 1],
     pub c: Common,
     /// What the parts are pieces of: dropped last, after the QPs and the copies that use it.
-    _mem: RegBuf,
+    _mem: [RegBuf; 2],
 }
 
 // SAFETY: the raw pointers inside (work requests, registered memory) are owned by this comm and
@@ -80,7 +81,7 @@ impl VerbsRecv {
         c: Common,
         qps: Vec<QpRts>,
         cq: Cq,
-        mem: RegBuf,
+        mem: [RegBuf; 2],
         p: Parts,
         eager_max: usize,
         rem_fifo: (u64, u32),

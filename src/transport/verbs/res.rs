@@ -430,7 +430,8 @@ impl RegBuf {
     }
 
     /// One registration carved into pieces of the given lengths, each 64-byte aligned (one MR
-    /// and one system call per comm instead of one per buffer, and no page rounding per piece).
+    /// and one system call for several buffers of the same access, and no page rounding per
+    /// piece).
     /// The pieces name memory of the RegBuf: keep it until they are no longer used.
     pub fn carve<const N: usize>(dev: &IbDevice, lens: [usize; N], access: u32) -> Result<(RegBuf, [Part; N])> {
         let mut offs = [0usize; N];

@@ -22,7 +22,8 @@ pub struct Ring {
     pub eager_max: usize,
 }
 
-/// The sender's registered memory, pieces of one registration.
+/// The sender's registered memory: pieces of two registrations, what the receiver writes and
+/// what only this side uses.
 pub struct Parts {
     /// The CTS FIFO the receiver writes into, followed by the credit word.
     pub fifo: Part,
@@ -40,7 +41,7 @@ pub struct VerbsSend {
     sizes_out: Part,
     hdrs: Part,
     /// What `fifo`, `sizes_out` and `hdrs` are pieces of.
-    _mem: RegBuf,
+    _mem: [RegBuf; 2],
     rem_sizes_addr: u64,
     rem_sizes_rkey: u32,
     ring: Ring,
@@ -63,7 +64,7 @@ unsafe impl Send for VerbsSend {}
 
 impl VerbsSend {
     #[allow(clippy::too_many_arguments)]
-    pub fn new(c: Common, qps: Vec<QpRts>, cq: Cq, mem: RegBuf, p: Parts, rem_sizes: (u64, u32), ring: Ring) -> VerbsSend {
+    pub fn new(c: Common, qps: Vec<QpRts>, cq: Cq, mem: [RegBuf; 2], p: Parts, rem_sizes: (u64, u32), ring: Ring) -> VerbsSend {
         let eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, Origin::default());
         VerbsSend {
             qps,
