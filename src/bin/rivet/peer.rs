@@ -186,35 +186,45 @@ impl Ring {
             Ok(_) => "TCP",
             Err(_) => "the plugin's transport",
         };
-        if describe {
-            let p = net.props(dev)?;
-            let pci = p.pci_path.clone();
-            // nccl-tests prints the GPU's PCI bus number; here it is the NIC's, from its PCI path.
-            let bus = pci
-                .rsplit('/')
-                .next()
-                .and_then(|a| a.split(':').nth(1))
-                .and_then(|b| u8::from_str_radix(b, 16).ok())
-                .map_or("[----]".to_string(), |b| format!("[0x{b:02x}]"));
-            println!(
-                "RANK #  Rank {rank:2} Group {:2} Pid {:6} on {:>10} device {dev:2} {bus} {} ({transport})",
-                0,
-                std::process::id(),
-                nccl_net_rivet::log::hostname(),
-                p.name.clone()
-            );
-        }
-        // One line carries every handle, comma-separated; the launcher passes it on unread.
-        println!("HANDLE {}", handles.iter().map(|h| hex(h)).collect::<Vec<_>>().join(","));
-        std::io::stdout().flush().map_err(|e| e.to_string())?;
-        let mut line = String::new();
-        std::io::stdin().read_line(&mut line).map_err(|e| e.to_string())?;
-        let peer = line.strip_prefix("PEER ").ok_or("launcher protocol error")?;
-        let mut peers = peer.split(',').map(unhex).collect::<Res<Vec<_>>>()?;
-        if peers.len() != lcs.len() {
-            close_listens(&net, &lcs);
-            return Err(format!("the next rank listens {} time(s), this one {}", peers.len(), lcs.len()));
-        }
+        // Handles out, the next rank's in; on any failure the listens are closed again.
+        let exchange = || -> Res<Vec<[u8; 128]>> {
+            if describe {
+                let p = net.props(dev)?;
+                let pci = p.pci_path.clone();
+                // nccl-tests prints the GPU's PCI bus number; here it is the NIC's, from its PCI path.
+                let bus = pci
+                    .rsplit('/')
+                    .next()
+                    .and_then(|a| a.split(':').nth(1))
+                    .and_then(|b| u8::from_str_radix(b, 16).ok())
+                    .map_or("[----]".to_string(), |b| format!("[0x{b:02x}]"));
+                println!(
+                    "RANK #  Rank {rank:2} Group {:2} Pid {:6} on {:>10} device {dev:2} {bus} {} ({transport})",
+                    0,
+                    std::process::id(),
+                    nccl_net_rivet::log::hostname(),
+                    p.name.clone()
+                );
+            }
+            // One line carries every handle, comma-separated; the launcher passes it on unread.
+            println!("HANDLE {}", handles.iter().map(|h| hex(h)).collect::<Vec<_>>().join(","));
+            std::io::stdout().flush().map_err(|e| e.to_string())?;
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).map_err(|e| e.to_string())?;
+            let peer = line.strip_prefix("PEER ").ok_or("launcher protocol error")?;
+            let peers = peer.split(',').map(unhex).collect::<Res<Vec<_>>>()?;
+            if peers.len() != lcs.len() {
+                return Err(format!("the next rank listens {} time(s), this one {}", peers.len(), lcs.len()));
+            }
+            Ok(peers)
+        };
+        let mut peers = match exchange() {
+            Ok(p) => p,
+            Err(e) => {
+                close_listens(&net, &lcs);
+                return Err(e);
+            }
+        };
         let t0 = Instant::now();
         let pairs = net.connect_accept(dev, &mut peers, &lcs);
         let setup = t0.elapsed();
