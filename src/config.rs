@@ -115,7 +115,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "NCCL_IB_QPS_PER_CONNECTION",
         default: "1",
-        meaning: "Queue pairs per connection (1-16), NCCL's default; each message above the eager limit is split across them in 128-byte-aligned chunks. More spread a connection over ECMP paths (and, on Soft-RoCE, over CPUs: 2 measured 1.3-1.8x the bandwidth of 1, docs/benchmarks.md), at a queue pair and its queues' memory each.",
+        meaning: "Queue pairs per connection (1-16), NCCL's default; each message above the eager limit is split across them in 128-byte-aligned chunks. More spread a connection over ECMP paths (on Soft-RoCE, its work over CPUs: docs/benchmarks.md), at a queue pair and its queues' memory each.",
     },
     Var {
         name: "RIVET_IB_EAGER_MAX",
