@@ -84,11 +84,11 @@ fn allreduce(r: &Ring, b: &mut Bufs, count: usize, in_place: bool) -> Res<()> {
         // SAFETY: (this irecv and the isends and irecvs below) segments [lo, hi) of `count` floats
         // lie inside the registered buffers (tmp holds a segment), which outlive the ring's comms;
         // each step waits for its send and receive before the buffers are touched again.
-        let rr = unsafe { net.irecv(r.recv, tp as *mut u8, (rhi - rlo) * 4, s as i32, b.mh_tmp)? };
+        let rr = unsafe { net.irecv(r.recv(), tp as *mut u8, (rhi - rlo) * 4, s as i32, b.mh_tmp)? };
         // Step 0 sends this rank's own contribution; later steps the sums made at the step before.
         let (from, mh) = if s == 0 { (sp, mh_src) } else { (dp as *const f32, b.mh_data_s) };
         // SAFETY: see above.
-        let sr = unsafe { net.isend(r.send, from.add(slo) as *const u8, (shi - slo) * 4, s as i32, mh)? };
+        let sr = unsafe { net.isend(r.send(), from.add(slo) as *const u8, (shi - slo) * 4, s as i32, mh)? };
         r.wait_all(&[sr, rr])?;
         for i in 0..rhi - rlo {
             // SAFETY: rlo + i < count <= both buffers' lengths; sp and dp may alias (in place).
@@ -99,9 +99,9 @@ fn allreduce(r: &Ring, b: &mut Bufs, count: usize, in_place: bool) -> Res<()> {
         let (slo, shi) = seg(count, n, (rank + 1 + n - s) % n);
         let (rlo, rhi) = seg(count, n, (rank + n - s) % n);
         // SAFETY: see above; the segments received and sent are different ones.
-        let rr = unsafe { net.irecv(r.recv, dp.add(rlo) as *mut u8, (rhi - rlo) * 4, (n + s) as i32, b.mh_data_r)? };
+        let rr = unsafe { net.irecv(r.recv(), dp.add(rlo) as *mut u8, (rhi - rlo) * 4, (n + s) as i32, b.mh_data_r)? };
         // SAFETY: see above.
-        let sr = unsafe { net.isend(r.send, dp.add(slo) as *const u8, (shi - slo) * 4, (n + s) as i32, b.mh_data_s)? };
+        let sr = unsafe { net.isend(r.send(), dp.add(slo) as *const u8, (shi - slo) * 4, (n + s) as i32, b.mh_data_s)? };
         r.wait_all(&[sr, rr])?;
     }
     Ok(())
@@ -181,10 +181,10 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let r = Ring::join(lib, rank, nranks, &devs, true)?;
     // SAFETY: the bytes of a Vec<f32> (any bit pattern is a valid f32), for as long as the borrow.
     let bytes = |v: &mut Vec<f32>| unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 4) };
-    b.mh_src_s = r.net.reg(r.send, bytes(&mut b.src))?;
-    b.mh_data_s = r.net.reg(r.send, bytes(&mut b.data))?;
-    b.mh_data_r = r.net.reg(r.recv, bytes(&mut b.data))?;
-    b.mh_tmp = r.net.reg(r.recv, bytes(&mut b.tmp))?;
+    b.mh_src_s = r.net.reg(r.send(), bytes(&mut b.src))?;
+    b.mh_data_s = r.net.reg(r.send(), bytes(&mut b.data))?;
+    b.mh_data_r = r.net.reg(r.recv(), bytes(&mut b.data))?;
+    b.mh_tmp = r.net.reg(r.recv(), bytes(&mut b.tmp))?;
 
     r.out(&format!("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ", "", "", "", "", ""));
     r.out(&format!(
@@ -249,10 +249,10 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     r.out(&format!("# Avg bus bandwidth    : {} ", fmt_g(bw_sum / bw_count.max(1) as f64)));
     r.out("#");
     r.out("");
-    r.net.dereg(r.send, b.mh_src_s)?;
-    r.net.dereg(r.send, b.mh_data_s)?;
-    r.net.dereg(r.recv, b.mh_data_r)?;
-    r.net.dereg(r.recv, b.mh_tmp)?;
+    r.net.dereg(r.send(), b.mh_src_s)?;
+    r.net.dereg(r.send(), b.mh_data_s)?;
+    r.net.dereg(r.recv(), b.mh_data_r)?;
+    r.net.dereg(r.recv(), b.mh_tmp)?;
     Ok(local_wrong_total)
 }
 

@@ -127,9 +127,6 @@ pub struct Ring {
     pub net: Net,
     pub rank: usize,
     pub nranks: usize,
-    /// The first send and receive comm (most modes use one pair).
-    pub send: *mut std::ffi::c_void,
-    pub recv: *mut std::ffi::c_void,
     /// Every pair: the i-th send comm goes to the next rank's i-th receive comm.
     pub sends: Vec<*mut std::ffi::c_void>,
     pub recvs: Vec<*mut std::ffi::c_void>,
@@ -233,8 +230,17 @@ impl Ring {
         let (sends, recvs): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let yield_when_idle = nranks > cores || transport == "TCP";
-        let (send, recv) = (sends[0], recvs[0]);
-        Ok(Ring { net, rank, nranks, send, recv, sends, recvs, setup, closed: false, dev, transport, yield_when_idle })
+        Ok(Ring { net, rank, nranks, sends, recvs, setup, closed: false, dev, transport, yield_when_idle })
+    }
+
+    /// The first send comm (most modes use one pair).
+    pub fn send(&self) -> *mut std::ffi::c_void {
+        self.sends[0]
+    }
+
+    /// The first receive comm.
+    pub fn recv(&self) -> *mut std::ffi::c_void {
+        self.recvs[0]
     }
 
     pub fn out(&self, s: &str) {

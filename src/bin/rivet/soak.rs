@@ -165,10 +165,6 @@ impl Dir {
     }
 }
 
-fn counts() -> Usage {
-    Usage::of_process()
-}
-
 struct Totals {
     msgs: u64,
     bytes: u64,
@@ -182,7 +178,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     // before any connection: what must come back after the comms are closed.
     let net = crate::net::Net::load(lib)?;
     net.ndev()?;
-    let before = counts();
+    let before = Usage::of_process();
     // Declared before the ring (and its comms), so dropped after it: on an error return no comm
     // with requests in flight outlives the memory they name.
     let (mut sarena, mut rarena): (Arena, Arena);
@@ -199,8 +195,8 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         let mh = net.reg(comm, &mut mem)?;
         Ok(Arena { mem, mh })
     };
-    sarena = mk(r.send)?;
-    rarena = mk(r.recv)?;
+    sarena = mk(r.send())?;
+    rarena = mk(r.recv())?;
     let ctrl_off = slot_bytes * MAX_WINDOW;
     // Direction d is "rank d sends": this rank sends in direction `rank`, receives in the other.
     let (sdir, rdir) = (rank as u64, (1 - rank) as u64);
@@ -255,7 +251,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 // SAFETY: the message's bytes in this round's slot of the send arena, registered as
                 // `sarena.mh` and kept (the arena outlives the comms) and unchanged until the round
                 // completes: a slot is refilled only after its requests are done.
-                match unsafe { net.try_isend(r.send, ptr, size, tag, sarena.mh)? } {
+                match unsafe { net.try_isend(r.send(), ptr, size, tag, sarena.mh)? } {
                     Some(q) => {
                         reqs.push(q);
                         moved = true;
@@ -286,7 +282,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 }
                 // SAFETY: each buffer is its room in this round's slot of the receive arena
                 // (registered as `rarena.mh`, outliving the comms), read only once the round is done.
-                if let Some(q) = unsafe { net.try_irecv_group(r.recv, &bufs)? } {
+                if let Some(q) = unsafe { net.try_irecv_group(r.recv(), &bufs)? } {
                     reqs.push(q);
                     moved = true;
                 }
@@ -294,7 +290,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
             if reqs.len() == 1 {
                 let ptr = rarena.mem[ctrl_off + *slot * 8..].as_mut_ptr();
                 // SAFETY: as above, for the slot's control word.
-                if let Some(q) = unsafe { net.try_irecv_group(r.recv, &[(ptr, 8, CTRL_TAG, rarena.mh)])? } {
+                if let Some(q) = unsafe { net.try_irecv_group(r.recv(), &[(ptr, 8, CTRL_TAG, rarena.mh)])? } {
                     reqs.push(q);
                     moved = true;
                 }
@@ -378,11 +374,11 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         }
         // Samples: the baseline after the warm-up, then every 10 s.
         if now >= warm && base.is_none() {
-            base = Some(counts());
+            base = Some(Usage::of_process());
         }
         if now.duration_since(last_print) >= Duration::from_secs(10) || finished {
             last_print = now;
-            let c = counts();
+            let c = Usage::of_process();
             peak_rss = peak_rss.max(c.rss_kib);
             if rank == 0 {
                 r.out(&format!(
@@ -406,7 +402,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     }
     // In the run: fds and threads must not grow after the warm-up (the RSS may: the staging
     // engine's pool keeps the buffers of the largest bursts it has seen, and the window moves).
-    let end = counts();
+    let end = Usage::of_process();
     let b = base.unwrap_or(end);
     let grow = |a: u64, b: u64| a as i64 - b as i64;
     let (rfds, rthr) = (grow(end.fds, b.fds), grow(end.threads, b.threads));
@@ -414,14 +410,14 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     // Every rank done before any closes: a sender's last completion may still be on its way
     // (its ACK lost and resent) when the receiver has everything.
     r.barrier()?;
-    net.dereg(r.send, sarena.mh)?;
-    net.dereg(r.recv, rarena.mh)?;
+    net.dereg(r.send(), sarena.mh)?;
+    net.dereg(r.recv(), rarena.mh)?;
     let peak_rss = peak_rss.max(end.rss_kib);
     // The comms closed (the plugin stays loaded, as it does in NCCL between communicators).
     r.close();
     drop((sarena, rarena));
     // Back where the rank started.
-    let after = counts();
+    let after = Usage::of_process();
     let (drss, dfds, dthr) = (grow(after.rss_kib, before.rss_kib), grow(after.fds, before.fds), grow(after.threads, before.threads));
     let bad_counts = (rfds > 0) as u64 + (rthr > 0) as u64 + (drss > 16 * 1024) as u64 + (dfds > 0) as u64 + (dthr > 0) as u64;
     let bad = tot.wrong + bad_counts;

@@ -124,21 +124,13 @@ pub fn find(lib: &libloading::Library, path: &std::path::Path, want: Option<u32>
 }
 
 impl Found {
-    /// The table's name, the first member in every version (set before init).
+    /// The table's name (set before init).
     ///
     /// # Safety
     /// The library the table was found in is still loaded.
-    pub unsafe fn name(&self) -> String {
-        // SAFETY: the caller's promise: every version's table starts with `const char* name`,
-        // NULL or a NUL-terminated static string of the library.
-        unsafe {
-            let n = *(self.p as *const *const std::ffi::c_char);
-            if n.is_null() {
-                String::new()
-            } else {
-                std::ffi::CStr::from_ptr(n).to_string_lossy().into_owned()
-            }
-        }
+    pub unsafe fn name(&self) -> &'static str {
+        // SAFETY: the caller's promise.
+        unsafe { name_at(self.p) }
     }
 
     /// The table's `init`, the first member after the name in every version.
@@ -171,6 +163,23 @@ impl Found {
     }
 }
 
+/// The name of the table at `p`: the first member of every version, `const char* name`.
+///
+/// # Safety
+/// `p` points to a live table of a loaded library; its name is NULL or a NUL-terminated static
+/// string of that library, which outlives the table's users.
+unsafe fn name_at(p: *const c_void) -> &'static str {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let n = *(p as *const *const std::ffi::c_char);
+        if n.is_null() {
+            ""
+        } else {
+            std::ffi::CStr::from_ptr(n).to_str().unwrap_or("")
+        }
+    }
+}
+
 /// # Safety
 /// `p` points to a live `ncclNet_v{v}_t`.
 unsafe fn read(p: *const c_void, v: u32) -> Res<Table> {
@@ -180,9 +189,8 @@ unsafe fn read(p: *const c_void, v: u32) -> Res<Table> {
             let t = $t;
             Table {
                 version: v,
-                // SAFETY: the table's name is NULL or a NUL-terminated static string of the
-                // library, which outlives the table's users (the caller's promise).
-                name: if t.name.is_null() { "" } else { unsafe { std::ffi::CStr::from_ptr(t.name) }.to_str().unwrap_or("") },
+                // SAFETY: the caller's promise (`p` is a live table).
+                name: unsafe { name_at(p) },
                 devices: req(t.devices, "devices", v)?,
                 props: $props(req(t.getProperties, "getProperties", v)?),
                 listen: $listen(req(t.listen, "listen", v)?),
