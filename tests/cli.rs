@@ -265,3 +265,31 @@ fn soak_checks_every_byte() {
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
     assert!(out.contains(" 1 wrong bytes") && out.trim_end().ends_with("# rivet soak: FAIL"), "{out}");
 }
+
+/// `perf --comms` prints one row per N (each from fresh processes) with what a connection costs:
+/// over TCP each pair holds one socket per stream in each of its two comms, no thread, and no
+/// RDMA resources; and it moves data over all the pairs.
+#[test]
+fn perf_comms_prints_what_each_connection_costs() {
+    let o = Command::new(env!("CARGO_BIN_EXE_rivet"))
+        .args(["perf", "--comms", "1,3", "--bytes", "4M", "--lat-iters", "50"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_IB_DISABLE", "1")
+        .env("RIVET_SOCKET_NSTREAMS", "3")
+        .env_remove("NCCL_DEBUG")
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(out.contains("# rivet perf --comms:") && out.contains("GB/s@1M"), "{out}");
+    let rows: Vec<Vec<&str>> = out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.iter().map(|r| r[0]).collect::<Vec<_>>(), ["1", "3"], "{out}");
+    for r in &rows {
+        assert_eq!(r.len(), 16, "{out}");
+        assert_eq!((r[9], r[10]), ("6.0", "0.0"), "fds and threads per pair: {out}");
+        // `-` where the host tracks no RDMA resources; 0 where it does (none are this process's).
+        assert!(r[5..9].iter().all(|v| *v == "-" || *v == "0.0"), "no RDMA resources over TCP: {out}");
+        let (p50, gbs): (f64, f64) = (r[13].parse().unwrap(), r[15].parse().unwrap());
+        assert!(p50 > 0.0 && gbs > 0.0, "{out}");
+    }
+}
