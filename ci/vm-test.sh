@@ -7,6 +7,7 @@
 #
 #   ci/vm-test.sh [GUEST_SCRIPT]   default verbs-tests.sh; impair.sh runs the impaired-link suite
 #                                  (tc netem on the veth pair, link flaps; see the script)
+#   RIVET_VM_STEPS=REGEX           run only the verbs-tests.sh steps whose names match
 #
 # Needs: the release build (ci/test.sh does it), cc, and qemu-system-x86 (installed here with
 # apt-get when missing). The VM image is built from Debian's packages on first use and cached in
@@ -34,6 +35,8 @@ cc -std=gnu11 -O2 -Wall -Wextra -Werror nccl-tests/conformance.c -o "$share/conf
 guest=${1:-verbs-tests.sh}
 [ -f "ci/vm/guest/$guest" ] || { echo "vm-test: no guest script ci/vm/guest/$guest" >&2; exit 2; }
 cp "ci/vm/guest/$guest" ci/vm/guest/lib.sh "$share/"
+# RIVET_VM_STEPS=REGEX: only the steps whose names match (a quick run while developing).
+[ -n "${RIVET_VM_STEPS:-}" ] && printf '%s\n' "$RIVET_VM_STEPS" > "$share/steps"
 log=target/vm/${guest%.sh}.log
 rc=0
 ci/vm/run-vm.sh --share "$share" --mtu 9000 --timeout "${RIVET_VM_TIMEOUT:-1800}" "/mnt/host/$guest" > "$log" 2>&1 || rc=$?

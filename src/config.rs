@@ -162,6 +162,11 @@ pub const VARS: &[Var] = &[
         default: "0",
         meaning: "Testing: 1 routes host buffers through the staging engine with a memcpy copier, so the engine runs over TCP and RDMA on machines without a GPU.",
     },
+    Var {
+        name: "RIVET_IB_MIN_QUEUES",
+        default: "0",
+        meaning: "Testing: 1 makes every verbs queue as shallow as the protocol allows (8 work requests per send queue, 16 posted receives), so that tests reach the paths that wait for room.",
+    },
 ];
 
 #[derive(Debug, Clone)]
@@ -190,6 +195,7 @@ pub struct Config {
     pub socket_cuda: bool,
     pub stats: bool,
     pub stage_host: bool,
+    pub ib_min_queues: bool,
     pub gdr: crate::gpu::gdr::Mode,
     pub dmabuf: bool,
     pub gdr_level: crate::topo::PathClass,
@@ -356,6 +362,7 @@ impl Config {
             socket_cuda: int_var(get, "RIVET_SOCKET_CUDA", 0, 1) == 1,
             stats: int_var(get, "RIVET_STATS", 0, 1) == 1,
             stage_host: int_var(get, "RIVET_STAGE_HOST", 0, 1) == 1,
+            ib_min_queues: int_var(get, "RIVET_IB_MIN_QUEUES", 0, 1) == 1,
             gdr: word_var(get, "RIVET_GDR", "auto, off or force", crate::gpu::gdr::Mode::parse),
             dmabuf: word_var(get, "RIVET_DMABUF", "auto or off", |s| match s.trim().to_ascii_lowercase().as_str() {
                 "auto" | "1" => Some(true),

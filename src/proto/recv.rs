@@ -73,6 +73,8 @@ struct Entry {
 struct RecvReq {
     posted: bool,
     flush: bool,
+    /// Its buffers were offered to the sender by a CTS group (rendezvous writes may come).
+    cts: bool,
     n: u8,
     /// Buffers not yet filled.
     left: u8,
@@ -170,10 +172,17 @@ impl RecvEngine {
             self.cts_owner[slot] = req;
             self.cts_tail += 1;
         }
-        self.reqs[req as usize] = RecvReq { posted: true, flush: false, n: n as u8, left: n as u8, base, entries };
+        self.reqs[req as usize] = RecvReq { posted: true, flush: false, cts: cts.is_some(), n: n as u8, left: n as u8, base, entries };
         self.next_base = base.wrapping_add(n as u32);
         self.order.push_back(req);
         RecvPlan::Posted { req, cts }
+    }
+
+    /// At most how many rendezvous writes with an immediate may still arrive on each queue pair:
+    /// one per buffer of each incomplete receive that has a CTS out (its buffers filled by eager
+    /// messages counted too, until the whole receive is complete).
+    pub fn rdv_owed(&self) -> usize {
+        self.order.iter().map(|&r| &self.reqs[r as usize]).filter(|r| r.cts && r.left > 0).map(|r| r.n as usize).sum()
     }
 
     /// A flush (a 1-byte RDMA READ on the loopback queue pair); `on_flush_done` ends it.

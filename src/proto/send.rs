@@ -94,11 +94,11 @@ struct SendReq {
     size: usize,
 }
 
-/// A rendezvous send's progress: how far each queue pair's part is posted.
+/// A rendezvous send's target and which parts are done (how far each part is posted is in
+/// `SendEngine::rdv_posted`).
 #[derive(Clone, Copy, Default)]
 struct Rdv {
     target: RdvTarget,
-    posted: [usize; MAX_QPS],
     /// A bit per queue pair whose part is fully posted (its completing write included).
     closed: u32,
 }
@@ -129,6 +129,9 @@ pub struct SendEngine {
     rts_for: Option<u32>,
     reqs: Box<[SendReq]>,
     rdv: Box<[Rdv]>,
+    /// How far each rendezvous send's part on each queue pair is posted: `nqps` per request
+    /// slot (a slot per queue pair the connection has, not per queue pair it could have).
+    rdv_posted: Box<[usize]>,
     free: Vec<u16>,
 }
 
@@ -147,6 +150,7 @@ impl SendEngine {
             rts_for: None,
             reqs: vec![SendReq::default(); SEND_REQS].into_boxed_slice(),
             rdv: vec![Rdv::default(); SEND_REQS].into_boxed_slice(),
+            rdv_posted: vec![0; SEND_REQS * nqps.clamp(1, MAX_QPS)].into_boxed_slice(),
             free,
         }
     }
@@ -290,7 +294,9 @@ impl SendEngine {
             imm: Imm::Rdv { slot: slot as u32, entry: r as u32 }.encode(),
             sizes_off: (slot * SIZES_ENTRY + r * 8) as u64,
         };
-        self.rdv[req as usize] = Rdv { target, posted: [0; MAX_QPS], closed: 0 };
+        self.rdv[req as usize] = Rdv { target, closed: 0 };
+        let nq = self.nqps;
+        self.rdv_posted[req as usize * nq..][..nq].fill(0);
         self.reqs[req as usize] = SendReq { posted: true, pending: self.nqps as u32, size };
         self.seq = seq.wrapping_add(1);
         Ok(SendPlan::Rdv { req, target })
@@ -317,20 +323,22 @@ impl SendEngine {
     /// queue pair, the new bytes of its part, and once the part is complete the write that
     /// carries the immediate. Returns the number of steps written to `out`.
     pub fn rdv_steps(&mut self, req: u16, ready: usize, out: &mut [RdvStep; MAX_QPS]) -> usize {
+        let nq = self.nqps;
         let Some(p) = self.rdv.get_mut(req as usize) else { return 0 };
+        let posted = &mut self.rdv_posted[req as usize * nq..][..nq];
         let size = p.target.size;
         let ready = ready.min(size);
         let mut k = 0;
-        for q in 0..self.nqps {
+        for (q, done) in posted.iter_mut().enumerate() {
             if p.closed & (1 << q) != 0 {
                 continue;
             }
-            let (off, len) = qp_chunk(size, self.nqps, q);
+            let (off, len) = qp_chunk(size, nq, q);
             let avail = ready.saturating_sub(off).min(len);
             let mut data = None;
-            if avail > p.posted[q] {
-                data = Some((off + p.posted[q], avail - p.posted[q]));
-                p.posted[q] = avail;
+            if avail > *done {
+                data = Some((off + *done, avail - *done));
+                *done = avail;
             }
             let mut close = None;
             if avail == len {

@@ -36,6 +36,8 @@ pub struct Opts {
 /// the table's header) through these.
 pub const COMMS_ENV: &str = "RIVET_PERF_COMMS";
 pub const HEADER_ENV: &str = "RIVET_PERF_HEADER";
+/// Set: `--comms` also prints, per N, where each pair's RSS is, by mapping (/proc/self/smaps).
+pub const SMAPS_ENV: &str = "RIVET_PERF_SMAPS";
 
 impl Opts {
     /// What clap cannot check alone, checked before any process starts.
@@ -122,10 +124,21 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let net = crate::net::Net::load(lib)?;
     net.ndev()?;
     let before = if costs { Usage::now() } else { Usage::default() };
+    let smaps = costs && std::env::var_os(SMAPS_ENV).is_some();
+    let maps_before = if smaps { crate::usage::rss_by_mapping() } else { Default::default() };
     // The ring (and its comms) is made after the buffers, so it is dropped before them: on an
     // error return no comm with requests in flight outlives the memory they name.
     let r = Ring::join_with(net, rank, nranks, &devs, false, n)?;
     let idle = if costs { Usage::now() } else { Usage::default() };
+    if smaps {
+        // Where the connected pairs' RSS is, by mapping, largest first.
+        let now = crate::usage::rss_by_mapping();
+        let mut d: Vec<(i64, &String)> = now.iter().map(|(k, v)| (*v as i64 - *maps_before.get(k).unwrap_or(&0) as i64, k)).filter(|(d, _)| *d != 0).collect();
+        d.sort_by_key(|e| std::cmp::Reverse(e.0));
+        for (kib, name) in d.iter().take(8) {
+            r.out(&format!("# {n} comms: RSS {:+.1} KiB/pair in {name}", *kib as f64 / n as f64));
+        }
+    }
     let (bp, sp, ty) = match &gpu {
         Some((b, s)) => (b.ptr() as *mut u8, s.ptr() as *mut u8, nccl_net_rivet::abi::types::NCCL_PTR_CUDA),
         None => (buf.as_mut_ptr(), small.as_mut_ptr(), nccl_net_rivet::abi::types::NCCL_PTR_HOST),

@@ -90,3 +90,25 @@ pub fn raise_fd_limit() -> u64 {
     }
     r.rlim_cur
 }
+
+/// Resident KiB per mapping name in /proc/self/smaps (anonymous mappings as "[anon]"), for
+/// `RIVET_PERF_SMAPS`: where a connection's RSS lives (heap, the provider's queue buffers, the
+/// registered memory).
+pub fn rss_by_mapping() -> std::collections::BTreeMap<String, u64> {
+    let mut m = std::collections::BTreeMap::new();
+    let text = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let mut name = String::new();
+    for l in text.lines() {
+        let mut w = l.split_whitespace();
+        let first = w.next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            // address perms offset dev inode [path]
+            let path: Vec<&str> = w.skip(4).collect();
+            name = if path.is_empty() { "[anon]".into() } else { path.join(" ") };
+        } else if first == "Rss:" {
+            let kib: u64 = w.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            *m.entry(name.clone()).or_insert(0) += kib;
+        }
+    }
+    m
+}

@@ -41,34 +41,75 @@ const LIVENESS_EVERY: Duration = Duration::from_millis(10);
 /// Idle calls between two looks at the clock.
 const IDLE_CALLS: u32 = 64;
 
-/// A work request's id: its kind in the top byte, the request slot in the low 16 bits.
+/// A work request's id: its kind in the top byte, the request slot in the low 16 bits; a
+/// signaled one on a booked send queue ([`SqBook`]) also has its queue pair's index in the next
+/// byte and its place in that queue (the low 32 bits of the count of posts so far) above the slot.
 pub(super) const KIND_SHIFT: u32 = 56;
+const QP_SHIFT: u32 = 48;
+const SEQ_SHIFT: u32 = 16;
 pub(super) const KIND_SEND: u64 = 1;
 pub(super) const KIND_RECV: u64 = 2;
 pub(super) const KIND_CTRL: u64 = 3;
 pub(super) const KIND_FLUSH: u64 = 4;
 
 /// Queue depths (CQs are sized from them: every work request that can be outstanding). Providers
-/// round a queue up to a power of two slots with one kept empty, so each is 2^k - 1.
-pub const SEND_QP_SQ: u32 = 1023;
-const _: () = assert!(SEND_QP_SQ as usize >= SEND_REQS * 3 + 64);
-/// The receiver posts a CTS write per receive that needs one (at most 32 in flight), credit
+/// round a queue up to a power of two slots with one kept empty, so each is 2^k - 1. Every post
+/// on a send queue is counted ([`SqBook`]): a send or receive that finds no room waits (NCCL is
+/// told "not yet") instead of overflowing the queue, so the depths are a choice of memory
+/// against back-pressure, not a bound the protocol must stay under. The sender's 127 hold the
+/// data and size writes of 32 rendezvous sends and a run of unsignaled eager writes (staged
+/// sends, posted in up to 4 parts, may wait for room when 32 are in flight).
+pub const SEND_QP_SQ: u32 = 127;
+/// The receiver posts a CTS write per receive that needs one (at most 32 in flight) and credit
 /// writes, and signals one in SIGNAL_EVERY.
-pub const RECV_QP_SQ: u32 = 127;
-/// Receives pre-posted on each receiver QP (reposted once a quarter is used): at least every
-/// eager slot plus every send in flight must remain posted.
-pub const RECV_QP_RQ: u32 = 511;
-const _: () = assert!((RECV_QP_RQ - RECV_QP_RQ / 4) as usize >= RING_SLOTS + SEND_REQS);
-/// Bytes a send work request carries inline (eager header and payload; the size word): a message
-/// of up to 16 bytes goes inline, and the queue's slots stay small (inline room is part of every
-/// slot: on rxe 48 keeps a slot at 256 bytes, 64 doubles it).
+pub const RECV_QP_SQ: u32 = 63;
+/// Receives pre-posted on each receiver QP (topped up once a quarter is used, and before each
+/// CTS or credit write that needs more): every write with an immediate that may arrive must find
+/// one (each ring slot's, one per buffer of each receive with a CTS out).
+pub const RECV_QP_RQ: u32 = 127;
+// Every ring slot and every one of 32 ungrouped receives (grouped ones may wait: a receive whose
+// CTS could bring more writes than there are receives posted is not posted yet).
+const _: () = assert!(RECV_QP_RQ as usize >= RING_SLOTS + crate::proto::recv::RECV_REQS + crate::proto::verbs::MAX_GROUP);
+/// Bytes a send work request carries inline (eager header and payload; the size word; a CTS
+/// entry, a credit word): a message of up to 16 bytes goes inline, and the queue's slots stay
+/// small (inline room is part of every slot: on rxe 48 keeps a slot at 256 bytes, 64 doubles
+/// it). A group of CTS entries (64 bytes and more) is read from registered memory.
 pub const SEND_INLINE: u32 = 48;
-/// Completions the sender's CQ must hold: every work request of its send queues. Running, only
-/// the signaled ones complete (about one per request slot), but when a queue pair fails every
-/// work request on it completes in error, unsignaled ones too, and an overflowing CQ is an error
-/// of the whole device.
-pub const fn send_cq(nqps: u32) -> u32 {
-    nqps * SEND_QP_SQ
+/// The depths a comm's queues are made with: the constants above, or with RIVET_IB_MIN_QUEUES=1
+/// (a test setting) the shallowest the protocol allows, so that tests reach back-pressure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Depths {
+    pub send_sq: u32,
+    pub recv_sq: u32,
+    pub recv_rq: u32,
+}
+
+impl Depths {
+    pub const DEFAULT: Depths = Depths { send_sq: SEND_QP_SQ, recv_sq: RECV_QP_SQ, recv_rq: RECV_QP_RQ };
+    /// Send queues of 8 (one signaled in 4), and receives for the ring and one full group.
+    pub const MIN: Depths = Depths { send_sq: 8, recv_sq: 8, recv_rq: (RING_SLOTS + crate::proto::verbs::MAX_GROUP) as u32 };
+
+    pub fn get() -> Depths {
+        if crate::config::get().ib_min_queues {
+            Depths::MIN
+        } else {
+            Depths::DEFAULT
+        }
+    }
+
+    /// Completions the sender's CQ must hold: every work request of its send queues. Running,
+    /// only the signaled ones complete, but when a queue pair fails every work request on it
+    /// completes in error, unsignaled ones too, and an overflowing CQ is an error of the whole
+    /// device.
+    pub fn send_cq(&self, nqps: u32) -> u32 {
+        nqps * self.send_sq
+    }
+
+    /// Completions the receiver's CQ must hold: every work request of its queues and the flush
+    /// queue pair's.
+    pub fn recv_cq(&self, nqps: u32) -> u32 {
+        nqps * (self.recv_sq + self.recv_rq) + FLUSH_QP_SQ + 1
+    }
 }
 pub const FLUSH_QP_SQ: u32 = FLUSH_REQS as u32 + 1;
 /// Eager ring slots at each receiver: eager messages in flight per connection before the
@@ -81,6 +122,79 @@ pub const HDRS_BYTES: usize = (SEND_REQS + RTS_HDRS) * EAGER_HDR;
 /// Bytes of one eager ring slot for a given eager limit.
 pub fn slot_bytes(eager_max: usize) -> usize {
     (EAGER_HDR + eager_max).next_multiple_of(64)
+}
+
+/// The book of a comm's send queues: work requests posted and not yet known complete, per queue
+/// pair. Work requests complete in order, so a signaled completion retires every one posted
+/// before it on its queue pair; unsignaled ones are retired only that way, and one in every
+/// SIGNAL_EVERY is signaled so that none waits long. A post that finds no room is not made: the
+/// caller reaps completions, and else tells NCCL "not yet" or defers it.
+pub(super) struct SqBook {
+    depth: u32,
+    /// One in this many posts is signaled: SIGNAL_EVERY, or half the depth of a shallower queue.
+    every: u32,
+    posted: [u64; crate::proto::verbs::MAX_QPS],
+    retired: [u64; crate::proto::verbs::MAX_QPS],
+    unsignaled: [u32; crate::proto::verbs::MAX_QPS],
+}
+
+impl SqBook {
+    pub(super) fn new(depth: u32) -> SqBook {
+        const N: usize = crate::proto::verbs::MAX_QPS;
+        // Room for a post is always there once the signaled work requests are reaped: at most
+        // `every - 1` unsignaled ones wait for a later signaled one, plus the largest post (2).
+        assert!(depth >= 4, "a send queue of {depth}");
+        SqBook { depth, every: SIGNAL_EVERY.min(depth / 2), posted: [0; N], retired: [0; N], unsignaled: [0; N] }
+    }
+
+    /// Work requests queue pair `q` can take now.
+    pub(super) fn room(&self, q: usize) -> u32 {
+        self.depth - (self.posted[q] - self.retired[q]) as u32
+    }
+
+    /// Whether the next unsignaled post on `q` will be signaled (ending a run of them).
+    pub(super) fn signals_next(&self, q: usize) -> bool {
+        self.unsignaled[q] + 1 >= self.every
+    }
+
+    /// Book the first `k` of `wrs` for posting on `q` (the caller checked `room`): each signaled
+    /// one gets its place in the queue in its id, and the last is signaled (with a control id,
+    /// which no request waits for) if it would otherwise end a run of `every` unsignaled ones.
+    /// Returns whether the last one is signaled.
+    pub(super) fn book(&mut self, q: usize, wrs: &mut [ibv_send_wr], k: usize) -> bool {
+        debug_assert!(k as u32 <= self.room(q));
+        let mut last = false;
+        for (i, w) in wrs.iter_mut().enumerate().take(k) {
+            self.posted[q] += 1;
+            if w.send_flags & IBV_SEND_SIGNALED == 0 {
+                self.unsignaled[q] += 1;
+                if i + 1 < k || self.unsignaled[q] < self.every {
+                    last = false;
+                    continue;
+                }
+                w.send_flags |= IBV_SEND_SIGNALED;
+                w.wr_id = KIND_CTRL << KIND_SHIFT;
+            }
+            self.unsignaled[q] = 0;
+            w.wr_id = (w.wr_id & !(0x00ff_ffff_ffff_u64 << SEQ_SHIFT)) | (q as u64) << QP_SHIFT | (self.posted[q] as u32 as u64) << SEQ_SHIFT;
+            last = true;
+        }
+        last
+    }
+
+    /// A successful signaled completion with this id: the work requests up to it are done.
+    pub(super) fn retire(&mut self, wr_id: u64) {
+        let q = ((wr_id >> QP_SHIFT) & 0xff) as usize;
+        if q >= self.posted.len() {
+            return;
+        }
+        let seq = (wr_id >> SEQ_SHIFT) as u32;
+        let behind = (self.posted[q] as u32).wrapping_sub(seq) as u64;
+        let upto = self.posted[q].saturating_sub(behind);
+        if upto > self.retired[q] {
+            self.retired[q] = upto;
+        }
+    }
 }
 
 /// State shared by both directions: the peer, its out-of-band socket, the death certificate.
@@ -96,6 +210,21 @@ pub struct Common {
     last_check: Instant,
     idle_calls: u32,
     pub(super) wc: [ibv_wc; POLL_BATCH],
+    /// Posts that waited for room (a send queue full, or too few receives posted): reported
+    /// at close with RIVET_STATS=1.
+    pub(super) waits: u64,
+}
+
+impl Drop for Common {
+    fn drop(&mut self) {
+        if self.waits > 0 && crate::config::get().stats {
+            log::info!(
+                "NET/rivet: stats {}: {} post(s) waited for room in a send queue or for posted receives",
+                self.where_(self.qpns[0]),
+                self.waits
+            );
+        }
+    }
 }
 
 impl Common {
@@ -123,6 +252,7 @@ impl Common {
             idle_calls: 0,
             // SAFETY: ibv_wc is plain C data; all-zero is a valid (empty) completion.
             wc: unsafe { std::mem::zeroed() },
+            waits: 0,
         }
     }
 
@@ -369,4 +499,74 @@ pub(super) fn rdma_wr(op: u32, wr_id: u64, remote: u64, rkey: u32, nsge: i32) ->
     w.num_sge = nsge;
     w.wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: remote, rkey };
     w
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wr(id: u64, signaled: bool) -> ibv_send_wr {
+        let mut w = rdma_wr(IBV_WR_RDMA_WRITE, id, 0, 0, 0);
+        if signaled {
+            w.send_flags = IBV_SEND_SIGNALED;
+        }
+        w
+    }
+
+    #[test]
+    fn the_book_counts_posts_and_a_signaled_completion_retires_everything_before_it() {
+        let mut b = SqBook::new(63);
+        let send = KIND_SEND << KIND_SHIFT;
+        let mut w = [wr(send | 7, false), wr(send | 7, true)];
+        assert!(b.book(1, &mut w, 2));
+        assert_eq!(b.room(1), 61);
+        assert_eq!(b.room(0), 63, "another queue pair's room is its own");
+        // The signaled one keeps its kind and slot, and carries its queue pair and place.
+        assert_eq!(w[1].wr_id >> KIND_SHIFT, KIND_SEND);
+        assert_eq!(w[1].wr_id & 0xffff, 7);
+        let first = w[1].wr_id;
+        let mut more = [wr(send | 8, true)];
+        b.book(1, &mut more, 1);
+        assert_eq!(b.room(1), 60);
+        b.retire(more[0].wr_id);
+        assert_eq!(b.room(1), 63, "the later completion retires the earlier posts too");
+        b.retire(first);
+        assert_eq!(b.room(1), 63, "an older completion polled late retires nothing twice");
+    }
+
+    #[test]
+    fn one_in_signal_every_unsignaled_posts_is_signaled_with_a_control_id() {
+        let mut b = SqBook::new(255);
+        let mut signaled = Vec::new();
+        for i in 0..100u64 {
+            let mut w = [wr((KIND_SEND << KIND_SHIFT) | i, false)];
+            if b.book(0, &mut w, 1) {
+                assert_ne!(w[0].send_flags & IBV_SEND_SIGNALED, 0);
+                assert_eq!(w[0].wr_id >> KIND_SHIFT, KIND_CTRL, "no request waits for a signal the book added");
+                signaled.push((i, w[0].wr_id));
+            }
+        }
+        assert_eq!(signaled.iter().map(|s| s.0).collect::<Vec<_>>(), vec![31, 63, 95]);
+        assert_eq!(b.room(0), 155);
+        b.retire(signaled[2].1);
+        assert_eq!(b.room(0), 251, "the 4 posted after the last signaled one wait for the next");
+        assert_eq!(b.unsignaled[0], 4);
+        // Within a chain, only the last can be the one signaled.
+        let mut chain: Vec<ibv_send_wr> = (0..30).map(|_| wr(KIND_SEND << KIND_SHIFT, false)).collect();
+        assert!(b.book(0, &mut chain, 30));
+        assert!(chain[..29].iter().all(|w| w.send_flags & IBV_SEND_SIGNALED == 0));
+    }
+
+    #[test]
+    fn places_compare_across_the_wrap_of_their_32_bits() {
+        let mut b = SqBook::new(255);
+        b.posted[0] = u32::MAX as u64 - 2;
+        b.retired[0] = b.posted[0];
+        let mut w: Vec<ibv_send_wr> = (0..6).map(|_| wr(KIND_CTRL << KIND_SHIFT, true)).collect();
+        b.book(0, &mut w, 6);
+        assert_eq!(b.room(0), 249);
+        b.retire(w[4].wr_id); // the 5th: its place, 2^32 + 2, wrapped to 2
+        assert_eq!(b.room(0), 254);
+        assert_eq!(b.retired[0], (1u64 << 32) + 2);
+    }
 }

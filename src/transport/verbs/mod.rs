@@ -131,10 +131,11 @@ impl Setup {
         let dev = &p.dev;
         let cfg = config::get();
         let nq = self.nqps as u32;
+        let depths = conn::Depths::get();
         let (local, fifo_addr, fifo_rkey, qpns) = if self.send {
-            let cq = Cq::new(dev, conn::send_cq(nq) as usize)?;
+            let cq = Cq::new(dev, depths.send_cq(nq) as usize)?;
             let qps = (0..nq)
-                .map(|_| QpInit::new(p, &cq, caps(conn::SEND_QP_SQ, 1, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
+                .map(|_| QpInit::new(p, &cq, caps(depths.send_sq, 1, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
                 .collect::<Result<Vec<_>>>()?;
             // Two registrations: what the receiver writes (the CTS FIFO and, after it, the credit
             // word), and what only this side's work requests read (the sizes staged for the
@@ -147,9 +148,9 @@ impl Setup {
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
             (Local::Send { qps, cq, mem, parts: send::Parts { fifo, sizes_out, hdrs } }, a, k, qpns)
         } else {
-            let cq = Cq::new(dev, (nq * (conn::RECV_QP_SQ + conn::RECV_QP_RQ) + conn::FLUSH_QP_SQ + 1) as usize)?;
+            let cq = Cq::new(dev, depths.recv_cq(nq) as usize)?;
             let qps = (0..nq)
-                .map(|_| QpInit::new(p, &cq, caps(conn::RECV_QP_SQ, conn::RECV_QP_RQ, 256), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
+                .map(|_| QpInit::new(p, &cq, caps(depths.recv_sq, depths.recv_rq, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
                 .collect::<Result<Vec<_>>>()?;
             // Two registrations: what the sender writes (the eager ring, the sizes FIFO), and what
             // only this side uses (the CTS entries staged for the sender's FIFO, the scratch word
@@ -272,7 +273,7 @@ impl Setup {
             // Every completion the sender may trigger needs a posted receive: post them before
             // the sender learns our QPNs.
             for q in &rts {
-                recv::post_recvs(q, conn::RECV_QP_RQ).map_err(|rc| {
+                recv::post_recvs(q, conn::Depths::get().recv_rq).map_err(|rc| {
                     Error::system(format!(
                         "{}:{}: ibv_post_recv failed: {}",
                         p.dev.name,

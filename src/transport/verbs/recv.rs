@@ -2,7 +2,7 @@
 //! sender writes into events for the [`RecvEngine`], and posts what it answers (clear-to-send
 //! groups, credit words, flush reads) as work requests; copies eager payloads out of the ring.
 
-use super::conn::{dev_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, KIND_CTRL, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RECV_QP_RQ, SIGNAL_EVERY};
+use super::conn::{dev_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, SqBook, KIND_CTRL, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RING_SLOTS};
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
@@ -61,9 +61,11 @@ pub struct VerbsRecv {
     rem_fifo_addr: u64,
     rem_fifo_rkey: u32,
     eng: RecvEngine,
-    /// Receives consumed per QP since the last repost.
-    consumed: [u32; MAX_QPS],
-    unsignaled: [u32; MAX_QPS],
+    /// Receives posted and not yet consumed, per QP, and how many each QP's queue holds.
+    posted_recvs: [u32; MAX_QPS],
+    rq: u32,
+    /// What each send queue holds (CTS and credit writes).
+    book: SqBook,
     wrs: [ibv_send_wr; 1],
     sges: [ibv_sge; 1],
     pub c: Common,
@@ -87,6 +89,7 @@ impl VerbsRecv {
         rem_fifo: (u64, u32),
     ) -> VerbsRecv {
         let eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, Origin::default());
+        let depths = Depths::get();
         VerbsRecv {
             copies: EagerCopies::default(),
             qps,
@@ -100,8 +103,9 @@ impl VerbsRecv {
             rem_fifo_addr: rem_fifo.0,
             rem_fifo_rkey: rem_fifo.1,
             eng,
-            consumed: [0; MAX_QPS],
-            unsignaled: [0; MAX_QPS],
+            posted_recvs: [depths.recv_rq; MAX_QPS],
+            rq: depths.recv_rq,
+            book: SqBook::new(depths.recv_sq),
             // SAFETY: all-zero work requests and scatter entries are valid (null pointers, 0 sizes).
             wrs: unsafe { std::mem::zeroed() },
             // SAFETY: as above.
@@ -118,11 +122,7 @@ impl VerbsRecv {
         if len <= self.qps[q].qp().max_inline as usize {
             self.wrs[0].send_flags |= IBV_SEND_INLINE;
         }
-        self.unsignaled[q] += 1;
-        if self.unsignaled[q] >= SIGNAL_EVERY {
-            self.wrs[0].send_flags |= IBV_SEND_SIGNALED;
-            self.unsignaled[q] = 0;
-        }
+        self.book.book(q, &mut self.wrs, 1);
         if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
             return Err(self.c.post_failed(self.qps[q].qp().qpn(), "posting a control write", rc));
         }
@@ -172,6 +172,10 @@ impl VerbsRecv {
             }
         }
         self.retire_copies()?;
+        // A credit lets the sender fill ring slots again: each takes a posted receive.
+        if self.book.room(0) == 0 || !self.recvs_cover(0)? {
+            return Ok(()); // the credit stays due
+        }
         if let Some(word) = self.eng.credit_due() {
             // The copies out of the released slots (loads) complete before the credit that lets
             // the sender overwrite them is written: Arm may otherwise let the later store (and the
@@ -186,14 +190,61 @@ impl VerbsRecv {
         Ok(())
     }
 
+    /// Top up QP `q`'s posted receives.
+    fn repost(&mut self, q: usize) -> Result<()> {
+        let n = self.rq - self.posted_recvs[q];
+        if let Err(rc) = post_recvs(&self.qps[q], n) {
+            return Err(self.c.post_failed(self.qps[q].qp().qpn(), "ibv_post_recv", rc));
+        }
+        self.posted_recvs[q] = self.rq;
+        Ok(())
+    }
+
+    /// Whether QP `q`'s posted receives cover every write with an immediate that may still
+    /// arrive on it, and `more` writes more (topping them up first if they do not): one per
+    /// ring slot, and one per buffer of each incomplete receive with a CTS out. The receive
+    /// queue can hold that many, or the new receive would not have been posted.
+    fn recvs_cover_more(&mut self, q: usize, more: usize) -> Result<bool> {
+        let need = RING_SLOTS + self.eng.rdv_owed() + more;
+        if (self.posted_recvs[q] as usize) < need && self.posted_recvs[q] < self.rq {
+            self.repost(q)?;
+        }
+        Ok(self.posted_recvs[q] as usize >= need)
+    }
+
+    fn recvs_cover(&mut self, q: usize) -> Result<bool> {
+        self.recvs_cover_more(q, 0)
+    }
+
+    /// Whether receive `specs` may be posted now: room for its CTS and a credit write in every
+    /// send queue, and, if it will have a CTS, receives posted for its writes (after reaping
+    /// completions and topping up receives if not).
+    fn can_post(&mut self, specs: &[RecvSpec]) -> Result<bool> {
+        let cts = specs.iter().any(|s| s.size > self.eng.eager_max() as u64);
+        for attempt in 0..2 {
+            let mut ok = (0..self.qps.len()).all(|q| self.book.room(q) >= 2);
+            if ok && cts {
+                for q in 0..self.qps.len() {
+                    ok &= self.recvs_cover_more(q, specs.len())?;
+                }
+            }
+            if ok || attempt == 1 {
+                return Ok(ok);
+            }
+            self.progress()?;
+        }
+        Ok(false)
+    }
+
     fn progress(&mut self) -> Result<bool> {
         let n = self.c.poll(&self.cq)?;
         for i in 0..n {
             let wc = self.c.wc[i];
             match wc.wr_id >> KIND_SHIFT {
+                KIND_CTRL => self.book.retire(wc.wr_id),
                 KIND_RECV => {
                     if let Some(q) = self.qps.iter().position(|q| q.qp().qpn() == wc.qp_num) {
-                        self.consumed[q] += 1;
+                        self.posted_recvs[q] = self.posted_recvs[q].saturating_sub(1);
                     }
                     // SAFETY: a receive completion with immediate data (every write to us has one).
                     match Imm::decode(u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })) {
@@ -219,11 +270,10 @@ impl VerbsRecv {
         }
         self.c.check()?;
         for q in 0..self.qps.len() {
-            if self.consumed[q] >= RECV_QP_RQ / 4 {
-                if let Err(rc) = post_recvs(&self.qps[q], self.consumed[q]) {
-                    return Err(self.c.post_failed(self.qps[q].qp().qpn(), "ibv_post_recv", rc));
-                }
-                self.consumed[q] = 0;
+            // In batches of a quarter of the queue (the exact need is checked before each CTS
+            // and credit write).
+            if self.posted_recvs[q] <= self.rq - self.rq / 4 {
+                self.repost(q)?;
             }
         }
         if n > 0 {
@@ -243,6 +293,13 @@ impl Conn for VerbsRecv {
             let (addr, size) = (b.buf.addr(), b.buf.len());
             let rkey = if size > 0 { mr_for(b.mr, addr, size, dev, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkey } else { 0 };
             *s = RecvSpec { addr: addr as u64, size: size as u64, rkey, tag: b.tag, gpu: path_of(b.mr) == Path::Gdr };
+        }
+        if !self.can_post(&specs[..n])? {
+            // The send queues are full, or a CTS now could bring more writes than receives are
+            // posted: not yet.
+            self.c.waits += 1;
+            self.c.idle(self.eng.outstanding())?;
+            return Ok(None);
         }
         let RecvPlan::Posted { req, cts } = self.eng.post(&specs[..n]) else { return Ok(None) };
         if let Some(p) = cts {

@@ -1,7 +1,7 @@
 //! The sending shell: reads the clear-to-send FIFO and the credit word the receiver writes into
 //! our memory, feeds them to the [`SendEngine`], and posts what it answers as work requests.
 
-use super::conn::{dev_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, KIND_CTRL, KIND_SEND, KIND_SHIFT, SIGNAL_EVERY};
+use super::conn::{dev_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, SqBook, KIND_CTRL, KIND_SEND, KIND_SHIFT};
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::Result;
 use crate::proto::send::{Close, Origin, RdvStep, RingSpec, SendEngine, SendPlan, SEND_REQS};
@@ -13,6 +13,9 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 
 /// Sends between two reads of the CTS FIFO when every send goes eagerly.
 const CTS_READ_EVERY: u32 = 4096;
+/// The most work requests one post of a send makes on a queue pair: a rendezvous part's data
+/// write and its size write.
+const MAX_POST: u32 = 2;
 
 /// Where the sender's eager messages go.
 pub struct Ring {
@@ -48,8 +51,12 @@ pub struct VerbsSend {
     eng: SendEngine,
     /// Local source (address, lkey) of each request slot's rendezvous send.
     local: Box<[(u64, u32)]>,
-    /// Eager writes posted unsignaled since the last signaled one.
-    unsignaled: u32,
+    /// What each send queue holds.
+    book: SqBook,
+    /// Rendezvous sends whose newly ready bytes found a send queue full (request, bytes ready),
+    /// oldest first: posted, in order, before anything else once there is room.
+    deferred: Box<[(u16, usize)]>,
+    ndeferred: usize,
     /// Sends since the CTS FIFO was last read.
     eager_run: u32,
     steps: [RdvStep; MAX_QPS],
@@ -78,7 +85,9 @@ impl VerbsSend {
             ring,
             eng,
             local: vec![(0, 0); SEND_REQS].into_boxed_slice(),
-            unsignaled: 0,
+            book: SqBook::new(Depths::get().send_sq),
+            deferred: vec![(0, 0); SEND_REQS].into_boxed_slice(),
+            ndeferred: 0,
             eager_run: 0,
             steps: [RdvStep { q: 0, data: None, close: None }; MAX_QPS],
             // SAFETY: all-zero work requests and scatter entries are valid (null pointers, 0 sizes).
@@ -144,6 +153,7 @@ impl VerbsSend {
     }
 
     fn post(&mut self, q: usize, k: usize) -> Result<()> {
+        self.book.book(q, &mut self.wrs, k);
         if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, k) {
             return Err(self.c.post_failed(self.qps[q].qp().qpn(), "ibv_post_send", rc));
         }
@@ -151,7 +161,8 @@ impl VerbsSend {
     }
 
     /// One eager write into the receiver's ring: header (+ payload). Returns whether it went
-    /// inline and unsignaled: the payload was copied at post time, nothing to wait for.
+    /// inline: the payload was copied at post time, nothing to wait for (if the write is
+    /// signaled, to retire the ones before it, its id is a control one).
     /// `on_gpu`: the payload is GPU memory, which only the NIC may read (never inline).
     fn post_eager(&mut self, ring_slot: usize, hdr_slot: usize, h: EagerHdr, (data, lkey): (u64, u32), wr_id: u64, on_gpu: bool) -> Result<bool> {
         // SAFETY: `hdr_slot < SEND_REQS + RTS_HDRS`, the header buffers HDRS_BYTES holds.
@@ -167,28 +178,24 @@ impl VerbsSend {
         self.wrs[0].sg_list = self.sges.as_mut_ptr();
         self.wrs[0].__bindgen_anon_1.imm_data = Imm::Eager(ring_slot as u32).encode().to_be();
         let inline = !on_gpu && EAGER_HDR + size <= self.qps[0].qp().max_inline as usize;
-        if inline && self.unsignaled + 1 >= SIGNAL_EVERY {
+        if inline && self.book.signals_next(0) {
             // This one will be signaled: reap the completions before it first. Nothing else
             // polls a stream of inline sends (each is done once posted), and their send queue
             // slots come back only when a completion after them is polled.
             self.progress()?;
         }
-        self.unsignaled += 1;
-        let quiet = inline && self.unsignaled < SIGNAL_EVERY;
-        self.wrs[0].send_flags = if inline { IBV_SEND_INLINE } else { 0 };
-        if !quiet {
-            // A signaled completion also releases the send-queue slots of the quiet ones before.
-            self.wrs[0].send_flags |= IBV_SEND_SIGNALED;
-            self.unsignaled = 0;
-        }
+        // Not inline: signaled, its request waits for it. Inline: the book signals one in
+        // SIGNAL_EVERY, which retires the ones before it.
+        self.wrs[0].send_flags = if inline { IBV_SEND_INLINE } else { IBV_SEND_SIGNALED };
         self.wrs[0].next = std::ptr::null_mut();
+        self.book.book(0, &mut self.wrs, 1);
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the work request and its scatter list are valid and outlive the call.
         let rc = unsafe { verbs::post_send(self.qps[0].qp().raw(), self.wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
             return Err(self.c.post_failed(self.qps[0].qp().qpn(), "ibv_post_send (eager)", rc));
         }
-        Ok(quiet)
+        Ok(inline)
     }
 
     /// Post what is newly ready (the first `ready` bytes) of rendezvous send `req`, as the
@@ -234,12 +241,48 @@ impl VerbsSend {
         let n = self.c.poll(&self.cq)?;
         for i in 0..n {
             let wc = self.c.wc[i];
-            if wc.wr_id >> KIND_SHIFT == KIND_SEND {
-                self.eng.on_completion((wc.wr_id & 0xffff) as u16);
+            match wc.wr_id >> KIND_SHIFT {
+                KIND_SEND => {
+                    self.book.retire(wc.wr_id);
+                    self.eng.on_completion((wc.wr_id & 0xffff) as u16);
+                }
+                KIND_CTRL => self.book.retire(wc.wr_id),
+                _ => {}
             }
         }
         self.c.check()?;
+        if n > 0 && self.ndeferred > 0 {
+            self.post_deferred()?;
+        }
         Ok(n > 0)
+    }
+
+    /// Whether every send queue has room for the largest post.
+    fn room(&self) -> bool {
+        (0..self.qps.len()).all(|q| self.book.room(q) >= MAX_POST)
+    }
+
+    /// Post the deferred rendezvous bytes, oldest first, as far as the send queues have room.
+    fn post_deferred(&mut self) -> Result<()> {
+        let mut done = 0;
+        while done < self.ndeferred && self.room() {
+            let (req, ready) = self.deferred[done];
+            self.post_rdv(req, ready)?;
+            done += 1;
+        }
+        self.deferred.copy_within(done..self.ndeferred, 0);
+        self.ndeferred -= done;
+        Ok(())
+    }
+
+    /// Whether a new send may be posted now: nothing deferred and room in every send queue
+    /// (after reaping completions if there is not).
+    fn can_post(&mut self) -> Result<bool> {
+        if self.ndeferred == 0 && self.room() {
+            return Ok(true);
+        }
+        self.progress()?;
+        Ok(self.ndeferred == 0 && self.room())
     }
 
     fn back_pressure(&mut self) -> Result<Option<u32>> {
@@ -261,6 +304,12 @@ impl Conn for VerbsSend {
         self.c.check()?;
         let size = data.len();
         let lkey = if size > 0 { mr_for(mr, data.addr(), size, dev_id(self.c.port), 0, "isend")?.lkey } else { 0 };
+        if !self.can_post()? {
+            // The send queues are full of work requests not yet known complete: not yet.
+            self.c.waits += 1;
+            self.c.idle(self.eng.outstanding())?;
+            return Ok(None);
+        }
         self.read_credits();
         self.eager_run += 1;
         if size > self.eng.eager_max() || self.eager_run >= CTS_READ_EVERY {
@@ -300,7 +349,16 @@ impl Conn for VerbsSend {
         self.c.check()?;
         let req = slot as u16;
         if slot < SEND_REQS as u32 && self.eng.rdv_open(req) {
-            self.post_rdv(req, ready)?;
+            if let Some(d) = self.deferred[..self.ndeferred].iter_mut().find(|d| d.0 == req) {
+                d.1 = d.1.max(ready);
+            } else if self.can_post()? {
+                self.post_rdv(req, ready)?;
+            } else {
+                // Posted by `progress` once the send queues have room, in order.
+                self.c.waits += 1;
+                self.deferred[self.ndeferred] = (req, ready);
+                self.ndeferred += 1;
+            }
         }
         Ok(())
     }
