@@ -61,61 +61,71 @@ unsafe fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE
     Ok(unsafe { &mut *(handle as *mut [u8; HANDLE_SIZE]) })
 }
 
-/// A connector in progress: its stage (registered in STAGES with its cookie), when NCCL last
+/// A connector in progress, by its stage (registered in STAGES with its cookie): when NCCL last
 /// called connect for it, and whom it connects to.
 struct Connecting {
-    stage: usize,
     cookie: u64,
     last: Instant,
     peer: std::net::SocketAddr,
 }
 
+/// The connectors in progress, and when they were last looked at for reaping.
+#[derive(Default)]
+struct Connectors {
+    by_stage: Option<HashMap<usize, Connecting>>,
+    reaped_at: Option<Instant>,
+}
+
 /// Every connect call holds this lock for its whole run, so reaping never frees a stage another
 /// call is using. NCCL may give up on a peer after a few connect calls and never call again; the
 /// stage's sockets would then stay open for the life of the process.
-static CONNECTING: Mutex<Vec<Connecting>> = Mutex::new(Vec::new());
+static CONNECTING: Mutex<Connectors> = Mutex::new(Connectors { by_stage: None, reaped_at: None });
+/// How often connect and accept calls look for abandoned connectors (a listen always does): a
+/// thousand connects in progress, each polled, would otherwise each look at all the others.
+const REAP_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 /// The stages reaped lately (pointer, cookie), so that a later call with such a handle is told why.
 static REAPED: Mutex<VecDeque<(usize, u64)>> = Mutex::new(VecDeque::new());
 
-fn connecting() -> MutexGuard<'static, Vec<Connecting>> {
+fn connecting() -> MutexGuard<'static, Connectors> {
     CONNECTING.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Free the connectors NCCL has not called for RIVET_TIMEOUT (all but `keep`, the one being
-/// called now), with a WARN each.
-fn reap_connectors(g: &mut Vec<Connecting>, keep: Option<(usize, u64)>) {
+/// called now), with a WARN each; unless `always`, only if the last look was REAP_EVERY ago.
+fn reap_connectors(g: &mut Connectors, keep: Option<(usize, u64)>, now: Instant, always: bool) {
+    if !always && g.reaped_at.is_some_and(|t| now.saturating_duration_since(t) < REAP_EVERY) {
+        return;
+    }
+    g.reaped_at = Some(now);
     let t = config::get().timeout();
-    let mut i = 0;
-    while i < g.len() {
-        let c = &g[i];
-        if Some((c.stage, c.cookie)) == keep || c.last.elapsed() <= t {
-            i += 1;
-            continue;
-        }
-        let c = g.swap_remove(i);
-        if stage_unregister(c.stage, c.cookie) {
+    let Some(m) = g.by_stage.as_mut() else { return };
+    let stale: Vec<usize> =
+        m.iter().filter(|(s, c)| Some((**s, c.cookie)) != keep && now.saturating_duration_since(c.last) > t).map(|(s, _)| *s).collect();
+    for stage in stale {
+        let Some(c) = m.remove(&stage) else { continue };
+        if stage_unregister(stage, c.cookie) {
             // SAFETY: the stage was registered by connect and just unregistered here, under the
             // lock every connect call holds: nobody else can reach it.
-            drop(unsafe { Box::from_raw(c.stage as *mut Stage) });
+            drop(unsafe { Box::from_raw(stage as *mut Stage) });
         }
         log::warn!(
             "NET/rivet: connect to {}: abandoned: NCCL has not called connect for it for {:.0} s (more than RIVET_TIMEOUT={}s); its sockets are closed and a later call with its handle fails",
             c.peer,
-            c.last.elapsed().as_secs_f64(),
+            now.saturating_duration_since(c.last).as_secs_f64(),
             t.as_secs()
         );
         let mut r = REAPED.lock().unwrap_or_else(|p| p.into_inner());
         if r.len() >= 1024 {
             r.pop_front();
         }
-        r.push_back((c.stage, c.cookie));
+        r.push_back((stage, c.cookie));
     }
 }
 
 /// # Safety
 /// `handle` is NULL or points to NCCL's 128-byte handle buffer.
 pub unsafe fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
-    reap_connectors(&mut connecting(), None);
+    reap_connectors(&mut connecting(), None, Instant::now(), true);
     let d = device(dev)?;
     // SAFETY: the caller's promise.
     let buf = unsafe { handle_buf(handle)? };
@@ -138,7 +148,9 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
     let h = Handle::decode(buf).map_err(|e| Error::usage(format!("connect: {e}")))?;
     let (sp, cookie) = proto::stage_get(buf);
     let mut g = connecting();
-    reap_connectors(&mut g, Some((sp as usize, cookie)));
+    // One look at the clock per call (it can be a system call).
+    let now = Instant::now();
+    reap_connectors(&mut g, Some((sp as usize, cookie)), now, false);
     let conn_ptr = if sp != 0 {
         if !stage_live(sp as usize, cookie) {
             let reaped = REAPED.lock().unwrap_or_else(|p| p.into_inner()).contains(&(sp as usize, cookie));
@@ -154,8 +166,8 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
                 "the handle carries a connect stage this process does not know (a handle reused across processes while its connect was in progress?)",
             ));
         }
-        if let Some(c) = g.iter_mut().find(|c| c.stage == sp as usize && c.cookie == cookie) {
-            c.last = Instant::now();
+        if let Some(c) = g.by_stage.as_mut().and_then(|m| m.get_mut(&(sp as usize))).filter(|c| c.cookie == cookie) {
+            c.last = now;
         }
         sp as *mut Stage
     } else {
@@ -171,7 +183,7 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
         let cookie = socket::random_u64();
         stage_register(p as usize, cookie);
         proto::stage_set(buf, p as u64, cookie);
-        g.push(Connecting { stage: p as usize, cookie, last: Instant::now(), peer: h.addr });
+        g.by_stage.get_or_insert_with(HashMap::new).insert(p as usize, Connecting { cookie, last: now, peer: h.addr });
         p
     };
     // SAFETY: the stage is live (just created, or found registered with its cookie), and only
@@ -181,7 +193,11 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
     let mut finish = |buf: &mut [u8; HANDLE_SIZE]| {
         let (_, cookie) = proto::stage_get(buf);
         stage_unregister(conn_ptr as usize, cookie);
-        g.retain(|c| !(c.stage == conn_ptr as usize && c.cookie == cookie));
+        if let Some(m) = g.by_stage.as_mut() {
+            if m.get(&(conn_ptr as usize)).is_some_and(|c| c.cookie == cookie) {
+                m.remove(&(conn_ptr as usize));
+            }
+        }
         proto::stage_set(buf, 0, 0);
         // SAFETY: unregistered just above, under CONNECTING's lock: no other call can reach it.
         drop(unsafe { Box::from_raw(conn_ptr) });
@@ -201,7 +217,12 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
 
 /// Non-blocking accept: Ok(null) until a connection has fully arrived.
 pub fn accept(lc: *mut c_void) -> Result<*mut c_void> {
-    reap_connectors(&mut connecting(), None);
+    {
+        let mut g = connecting();
+        if g.by_stage.as_ref().is_some_and(|m| !m.is_empty()) {
+            reap_connectors(&mut g, None, Instant::now(), false);
+        }
+    }
     let t = Token::from_ptr(lc).filter(|t| t.kind == Kind::Listen).ok_or_else(|| Error::internal(format!("unknown listen comm {lc:p}")))?;
     let mut g = LISTENS.get(t).map_err(|e| stale("listen comm", lc, e))?;
     let dev = g.dev;

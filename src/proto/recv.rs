@@ -178,6 +178,11 @@ impl RecvEngine {
         RecvPlan::Posted { req, cts }
     }
 
+    /// The FIFO slot the next receive's CTS group will be written from (and to).
+    pub fn next_cts_slot(&self) -> usize {
+        (self.cts_tail % FIFO_DEPTH as u64) as usize
+    }
+
     /// At most how many rendezvous writes with an immediate may still arrive on each queue pair:
     /// one per buffer of each incomplete receive that has a CTS out (its buffers filled by eager
     /// messages counted too, until the whole receive is complete).

@@ -319,6 +319,19 @@ impl SendEngine {
         i < SEND_REQS && self.reqs[i].posted && self.rdv[i].target.size > 0 && self.rdv[i].closed != (1u32 << self.nqps) - 1
     }
 
+    /// Whether `rdv_steps(req, ready)` would post anything: new bytes, or a part's completing write.
+    pub fn rdv_has_new(&self, req: u16, ready: usize) -> bool {
+        let nq = self.nqps;
+        let Some(p) = self.rdv.get(req as usize) else { return false };
+        let posted = &self.rdv_posted[req as usize * nq..][..nq];
+        let ready = ready.min(p.target.size);
+        posted.iter().enumerate().any(|(q, &done)| {
+            let (off, len) = qp_chunk(p.target.size, nq, q);
+            let avail = ready.saturating_sub(off).min(len);
+            p.closed & (1 << q) == 0 && (avail > done || avail == len)
+        })
+    }
+
     /// What to post of rendezvous send `req` now that its first `ready` bytes can be read: per
     /// queue pair, the new bytes of its part, and once the part is complete the write that
     /// carries the immediate. Returns the number of steps written to `out`.

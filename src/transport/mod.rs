@@ -252,4 +252,13 @@ pub trait Conn: Send {
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>>;
     /// Number of request slots.
     fn capacity(&self) -> usize;
+    /// Whether posts of this comm wait for room (the newly ready bytes of partial sends, see
+    /// `set_ready`): they need calls on this comm to move, like staged sends do.
+    fn has_deferred(&self) -> bool {
+        false
+    }
+    /// Move deferred posts on, as far as there is room.
+    fn progress_deferred(&mut self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -94,7 +94,10 @@ impl Send {
     }
 
     pub(crate) fn post_rdv(&mut self, sim: &mut Sim, req: u16, ready: usize) {
+        let has_new = self.eng.rdv_has_new(req, ready);
         let k = self.eng.rdv_steps(req, ready, &mut self.steps);
+        // The shell defers a set_ready only when the engine has something to post for it.
+        assert_eq!(has_new, k > 0, "rdv_has_new({req}, {ready}) disagrees with rdv_steps ({k} steps)");
         let t = self.eng.target(req);
         let (data, _) = self.local[req as usize];
         for s in &self.steps[..k] {

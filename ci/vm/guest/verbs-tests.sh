@@ -87,6 +87,9 @@ minq() {
 step minqueues-v12 minq ./conformance
 step minqueues-v12-4qp minq env NCCL_IB_QPS_PER_CONNECTION=4 ./conformance
 step minqueues-staged-v12 minq env RIVET_STAGE_HOST=1 ./conformance
+# Staged streaming of 4 MiB messages (posted in 4 parts) into send queues of 8: newly ready parts
+# wait for room, and are posted by later calls.
+step minqueues-staged-perf env RIVET_IB_MIN_QUEUES=1 RIVET_STAGE_HOST=1 ./rivet perf --lib $LIB --dev 0,1 --sizes 64K,4M --bytes 16M --lat-iters 50
 # A staged ping-pong over verbs in which each rank waits only on its receive: staged sends must
 # move on from the receive comm's calls; then streaming with partial (pipelined) rendezvous sends.
 step staged-perf env RIVET_STAGE_HOST=1 ./rivet perf --lib $LIB --dev 0,1 --sizes 64K,4M --bytes 16M --lat-iters 50

@@ -281,15 +281,19 @@ impl Staged {
         Ok(())
     }
 
-    /// Staged sends not yet wholly handed to the transport: they need calls on this comm to move.
+    /// Staged sends not yet wholly handed to the transport, or handed over with posts that
+    /// wait for room in its send queues: they need calls on this comm to move.
     pub fn has_pending_sends(&self) -> bool {
-        !self.queue.is_empty() || !self.partial.is_empty()
+        !self.queue.is_empty() || !self.partial.is_empty() || self.inner.has_deferred()
     }
 
     /// Move pending staged sends on (called from other comms' calls, see `plugin::test`).
     pub fn progress_pending(&mut self) -> Result<()> {
-        if self.has_pending_sends() {
+        if !self.queue.is_empty() || !self.partial.is_empty() {
             self.progress_sends()?;
+        }
+        if self.inner.has_deferred() {
+            self.inner.progress_deferred()?;
         }
         Ok(())
     }

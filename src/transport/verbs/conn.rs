@@ -57,11 +57,12 @@ pub(super) const KIND_FLUSH: u64 = 4;
 /// on a send queue is counted ([`SqBook`]): a send or receive that finds no room waits (NCCL is
 /// told "not yet") instead of overflowing the queue, so the depths are a choice of memory
 /// against back-pressure, not a bound the protocol must stay under. The sender's 127 hold the
-/// data and size writes of 32 rendezvous sends and a run of unsignaled eager writes (staged
-/// sends, posted in up to 4 parts, may wait for room when 32 are in flight).
+/// data and size writes of 32 rendezvous sends (NCCL's requests per comm; more, of the 256 a
+/// grouped receive allows, wait for room) and a run of unsignaled eager writes; staged sends,
+/// posted in up to 4 parts, may wait for room when 32 are in flight.
 pub const SEND_QP_SQ: u32 = 127;
 /// The receiver posts a CTS write per receive that needs one (at most 32 in flight) and credit
-/// writes, and signals one in SIGNAL_EVERY.
+/// writes, and signals one in 31 (half the depth).
 pub const RECV_QP_SQ: u32 = 63;
 /// Receives pre-posted on each receiver QP (topped up once a quarter is used, and before each
 /// CTS or credit write that needs more): every write with an immediate that may arrive must find
@@ -150,6 +151,16 @@ impl SqBook {
     /// Work requests queue pair `q` can take now.
     pub(super) fn room(&self, q: usize) -> u32 {
         self.depth - (self.posted[q] - self.retired[q]) as u32
+    }
+
+    /// The place of the last work request booked on `q` (the count of posts so far).
+    pub(super) fn last_place(&self, q: usize) -> u64 {
+        self.posted[q]
+    }
+
+    /// Whether the work request booked at `place` on `q` is known complete.
+    pub(super) fn done(&self, q: usize, place: u64) -> bool {
+        self.retired[q] >= place
     }
 
     /// Whether the next unsignaled post on `q` will be signaled (ending a run of them).

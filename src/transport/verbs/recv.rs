@@ -66,6 +66,10 @@ pub struct VerbsRecv {
     rq: u32,
     /// What each send queue holds (CTS and credit writes).
     book: SqBook,
+    /// Per FIFO slot, the QP and place of the last CTS group written from its staging copy
+    /// without inline (the NIC reads the copy when it sends): the copy is not rewritten before
+    /// that write is known complete.
+    cts_reading: [Option<(u8, u64)>; FIFO_DEPTH],
     wrs: [ibv_send_wr; 1],
     sges: [ibv_sge; 1],
     pub c: Common,
@@ -106,6 +110,7 @@ impl VerbsRecv {
             posted_recvs: [depths.recv_rq; MAX_QPS],
             rq: depths.recv_rq,
             book: SqBook::new(depths.recv_sq),
+            cts_reading: [None; FIFO_DEPTH],
             // SAFETY: all-zero work requests and scatter entries are valid (null pointers, 0 sizes).
             wrs: unsafe { std::mem::zeroed() },
             // SAFETY: as above.
@@ -116,17 +121,18 @@ impl VerbsRecv {
     }
 
     /// Post one RDMA WRITE of our memory `[src, src+len)` (lkey) to the sender's FIFO memory.
-    fn post_ctrl(&mut self, q: usize, src: u64, lkey: u32, len: usize, remote: u64) -> Result<()> {
+    /// Returns whether it went inline (else the NIC reads the source later: the write is
+    /// signaled, so that it is known complete soon).
+    fn post_ctrl(&mut self, q: usize, src: u64, lkey: u32, len: usize, remote: u64) -> Result<bool> {
         self.sges[0] = ibv_sge { addr: src, length: len as u32, lkey };
         self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, KIND_CTRL << KIND_SHIFT, remote, self.rem_fifo_rkey, 1);
-        if len <= self.qps[q].qp().max_inline as usize {
-            self.wrs[0].send_flags |= IBV_SEND_INLINE;
-        }
+        let inline = len <= self.qps[q].qp().max_inline as usize;
+        self.wrs[0].send_flags |= if inline { IBV_SEND_INLINE } else { IBV_SEND_SIGNALED };
         self.book.book(q, &mut self.wrs, 1);
         if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
             return Err(self.c.post_failed(self.qps[q].qp().qpn(), "posting a control write", rc));
         }
-        Ok(())
+        Ok(inline)
     }
 
     /// Report the eager copies that finished, in order, to the engine.
@@ -217,12 +223,15 @@ impl VerbsRecv {
     }
 
     /// Whether receive `specs` may be posted now: room for its CTS and a credit write in every
-    /// send queue, and, if it will have a CTS, receives posted for its writes (after reaping
-    /// completions and topping up receives if not).
+    /// send queue, and, if it will have a CTS, its FIFO slot's staging copy free and receives
+    /// posted for its writes (after reaping completions and topping up receives if not).
     fn can_post(&mut self, specs: &[RecvSpec]) -> Result<bool> {
         let cts = specs.iter().any(|s| s.size > self.eng.eager_max() as u64);
         for attempt in 0..2 {
             let mut ok = (0..self.qps.len()).all(|q| self.book.room(q) >= 2);
+            if let (true, Some((q, place))) = (cts, self.cts_reading[self.eng.next_cts_slot()]) {
+                ok &= self.book.done(q as usize, place);
+            }
             if ok && cts {
                 for q in 0..self.qps.len() {
                     ok &= self.recvs_cover_more(q, specs.len())?;
@@ -306,14 +315,16 @@ impl Conn for VerbsRecv {
             let cts_size = std::mem::size_of::<Cts>();
             let off = p.slot * MAX_GROUP * cts_size;
             // SAFETY: slot < FIFO_DEPTH: inside the staging copy of the FIFO (FIFO_BYTES), our own
-            // memory; the previous write from this slot completed long ago (a lap of the FIFO).
+            // memory; the NIC no longer reads it: the previous write from this slot went inline or
+            // is known complete (`can_post` looked at `cts_reading`).
             let out = unsafe { self.cts_out.ptr().add(off) as *mut Cts };
             for (i, e) in p.entries[..p.n].iter().enumerate() {
                 // SAFETY: see above (i < MAX_GROUP).
                 unsafe { out.add(i).write(*e) };
             }
             let (src, lkey) = (self.cts_out.addr() + off as u64, self.cts_out.lkey());
-            self.post_ctrl(p.q, src, lkey, p.n * cts_size, self.rem_fifo_addr + off as u64)?;
+            let inline = self.post_ctrl(p.q, src, lkey, p.n * cts_size, self.rem_fifo_addr + off as u64)?;
+            self.cts_reading[p.slot] = if inline { None } else { Some((p.q as u8, self.book.last_place(p.q))) };
         }
         // Eager messages that arrived before this receive.
         self.drain_ring()?;

@@ -251,7 +251,7 @@ impl VerbsSend {
             }
         }
         self.c.check()?;
-        if n > 0 && self.ndeferred > 0 {
+        if self.ndeferred > 0 {
             self.post_deferred()?;
         }
         Ok(n > 0)
@@ -351,6 +351,9 @@ impl Conn for VerbsSend {
         if slot < SEND_REQS as u32 && self.eng.rdv_open(req) {
             if let Some(d) = self.deferred[..self.ndeferred].iter_mut().find(|d| d.0 == req) {
                 d.1 = d.1.max(ready);
+                self.progress()?;
+            } else if !self.eng.rdv_has_new(req, ready) {
+                // The mark has not moved (the staging engine calls on every test).
             } else if self.can_post()? {
                 self.post_rdv(req, ready)?;
             } else {
@@ -378,5 +381,16 @@ impl Conn for VerbsSend {
 
     fn capacity(&self) -> usize {
         SEND_REQS
+    }
+
+    fn has_deferred(&self) -> bool {
+        self.ndeferred > 0
+    }
+
+    fn progress_deferred(&mut self) -> Result<()> {
+        if self.ndeferred > 0 {
+            self.progress()?;
+        }
+        Ok(())
     }
 }
