@@ -7,7 +7,7 @@
 //! the NIC writes, so the simulator in `tests/sim/` can run it against the receiving half under
 //! any schedule. See `docs/protocol.md` for the protocol and `docs/architecture.md` for the shell.
 
-use super::verbs::{qp_chunk, seq_offset, Cts, EagerHdr, Imm, EAGER_DATA, EAGER_RTS, EAGER_URGENT, FIFO_DEPTH, MAX_GROUP, MAX_QPS, SIZES_ENTRY};
+use super::verbs::{qp_chunk, seq_offset, Cts, EagerHdr, Imm, EAGER_DATA, EAGER_RTS, EAGER_URGENT, FIFO_DEPTH, IMM_SIZE_LIMIT, MAX_GROUP, MAX_QPS, SIZES_ENTRY};
 use super::ProtoError;
 use std::collections::VecDeque;
 
@@ -62,6 +62,9 @@ pub struct RdvTarget {
     pub size: usize,
     /// Immediate data (host order) of each queue pair's completing write.
     pub imm: u32,
+    /// The immediate carries the size (one queue pair, a send below IMM_SIZE_LIMIT): the data
+    /// write completes the send, and no size word is written.
+    pub sized: bool,
     /// Offset of this send's size word in the sizes FIFO (the same in the sender's staging copy).
     pub sizes_off: u64,
 }
@@ -287,11 +290,13 @@ impl SendEngine {
         g.used |= 1 << r;
         let slot = g.slot as usize;
         let req = self.free.pop().unwrap();
+        let sized = self.nqps == 1 && size < IMM_SIZE_LIMIT;
         let target = RdvTarget {
             addr: cts.addr,
             rkey: cts.rkey,
             size,
-            imm: Imm::Rdv { slot: slot as u32, entry: r as u32 }.encode(),
+            imm: Imm::Rdv { slot: slot as u32, entry: r as u32, size: sized.then_some(size as u32) }.encode(),
+            sized,
             sizes_off: (slot * SIZES_ENTRY + r * 8) as u64,
         };
         self.rdv[req as usize] = Rdv { target, closed: 0 };
@@ -356,6 +361,8 @@ impl SendEngine {
             let mut close = None;
             if avail == len {
                 close = Some(match (q, data) {
+                    (0, Some(_)) if p.target.sized => Close::OnData,
+                    (0, None) if p.target.sized => Close::Empty,
                     (0, _) => Close::Size,
                     (_, Some(_)) => Close::OnData,
                     (_, None) => Close::Empty,

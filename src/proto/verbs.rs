@@ -248,24 +248,35 @@ pub const EAGER_URGENT: u32 = 4;
 pub enum Imm {
     /// An eager message landed in this ring slot.
     Eager(u32),
-    /// One queue pair's part of a rendezvous write into buffer `entry` of CTS slot `slot`.
-    Rdv { slot: u32, entry: u32 },
+    /// One queue pair's part of a rendezvous write into buffer `entry` of CTS slot `slot`;
+    /// `size`: the send's size, carried here instead of in the sizes FIFO (a connection of one
+    /// queue pair, a send below IMM_SIZE_LIMIT: its one write is all of it).
+    Rdv { slot: u32, entry: u32, size: Option<u32> },
 }
 
 const IMM_EAGER_BIT: u32 = 1 << 31;
+const IMM_SIZED_BIT: u32 = 1 << 30;
+/// Sends below this size can carry their size in the immediate (20 bits, above the 7 of the
+/// slot and the 3 of the entry).
+pub const IMM_SIZE_LIMIT: usize = 1 << 20;
+const _: () = assert!(FIFO_DEPTH <= 1 << 7 && MAX_GROUP <= 1 << 3);
 
 impl Imm {
     pub fn encode(self) -> u32 {
         match self {
             Imm::Eager(s) => IMM_EAGER_BIT | (s & 0xffff),
-            Imm::Rdv { slot, entry } => ((slot & 0xffff) << 3) | (entry & 7),
+            Imm::Rdv { slot, entry, size } => {
+                let sized = size.map_or(0, |s| IMM_SIZED_BIT | (s & (IMM_SIZE_LIMIT as u32 - 1)) << 10);
+                sized | ((slot & 0x7f) << 3) | (entry & 7)
+            }
         }
     }
     pub fn decode(v: u32) -> Imm {
         if v & IMM_EAGER_BIT != 0 {
             Imm::Eager(v & 0xffff)
         } else {
-            Imm::Rdv { slot: (v >> 3) & 0xffff, entry: v & 7 }
+            let size = (v & IMM_SIZED_BIT != 0).then_some((v >> 10) & (IMM_SIZE_LIMIT as u32 - 1));
+            Imm::Rdv { slot: (v >> 3) & 0x7f, entry: v & 7, size }
         }
     }
 }
@@ -356,7 +367,14 @@ mod tests {
 
     #[test]
     fn imm_roundtrip_and_seq_offsets() {
-        for i in [Imm::Eager(0), Imm::Eager(1023), Imm::Rdv { slot: 255, entry: 7 }, Imm::Rdv { slot: 0, entry: 0 }] {
+        for i in [
+            Imm::Eager(0),
+            Imm::Eager(1023),
+            Imm::Rdv { slot: 127, entry: 7, size: None },
+            Imm::Rdv { slot: 0, entry: 0, size: None },
+            Imm::Rdv { slot: 63, entry: 5, size: Some(IMM_SIZE_LIMIT as u32 - 1) },
+            Imm::Rdv { slot: 1, entry: 0, size: Some(0) },
+        ] {
             assert_eq!(Imm::decode(i.encode()), i);
         }
         assert_eq!(seq_offset(5, 3), 2);

@@ -275,7 +275,8 @@ impl Recv {
             n += 1;
             match Imm::decode(imm) {
                 Imm::Eager(_) => self.eng.on_eager_imm(),
-                Imm::Rdv { slot, entry } => {
+                Imm::Rdv { slot, entry, size: Some(size) } => self.eng.on_rdv_imm(slot, entry, size as u64)?,
+                Imm::Rdv { slot, entry, size: None } => {
                     let o = (slot as usize * MAX_GROUP + entry as usize) * 8;
                     let size = u64::from_le_bytes(sim.sizes[o..o + 8].try_into().unwrap());
                     self.eng.on_rdv_imm(slot, entry, size)?;

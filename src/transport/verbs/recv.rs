@@ -258,7 +258,12 @@ impl VerbsRecv {
                     // SAFETY: a receive completion with immediate data (every write to us has one).
                     match Imm::decode(u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })) {
                         Imm::Eager(_) => self.eng.on_eager_imm(),
-                        Imm::Rdv { slot, entry } => {
+                        Imm::Rdv { slot, entry, size: Some(size) } => {
+                            if let Err(e) = self.eng.on_rdv_imm(slot, entry, size as u64) {
+                                return Err(self.c.proto(e));
+                            }
+                        }
+                        Imm::Rdv { slot, entry, size: None } => {
                             let (s, e) = (slot as usize, entry as usize);
                             let size = if s < FIFO_DEPTH && e < MAX_GROUP {
                                 // SAFETY: inside the sizes FIFO (FIFO_DEPTH entries of MAX_GROUP

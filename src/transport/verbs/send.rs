@@ -49,8 +49,8 @@ pub struct VerbsSend {
     rem_sizes_rkey: u32,
     ring: Ring,
     eng: SendEngine,
-    /// Local source (address, lkey) of each request slot's rendezvous send.
-    local: Box<[(u64, u32)]>,
+    /// Local source (address, lkey, in GPU memory) of each request slot's rendezvous send.
+    local: Box<[(u64, u32, bool)]>,
     /// What each send queue holds.
     book: SqBook,
     /// Rendezvous sends whose newly ready bytes found a send queue full (request, bytes ready),
@@ -84,7 +84,7 @@ impl VerbsSend {
             rem_sizes_rkey: rem_sizes.1,
             ring,
             eng,
-            local: vec![(0, 0); SEND_REQS].into_boxed_slice(),
+            local: vec![(0, 0, false); SEND_REQS].into_boxed_slice(),
             book: SqBook::new(Depths::get().send_sq),
             deferred: vec![(0, 0); SEND_REQS].into_boxed_slice(),
             ndeferred: 0,
@@ -204,7 +204,7 @@ impl VerbsSend {
     fn post_rdv(&mut self, req: u16, ready: usize) -> Result<()> {
         let k = self.eng.rdv_steps(req, ready, &mut self.steps);
         let t = self.eng.target(req);
-        let (data, lkey) = self.local[req as usize];
+        let (data, lkey, on_gpu) = self.local[req as usize];
         let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
         for i in 0..k {
             let s = self.steps[i];
@@ -212,6 +212,11 @@ impl VerbsSend {
             if let Some((off, len)) = s.data {
                 self.sges[0] = ibv_sge { addr: data + off as u64, length: len as u32, lkey };
                 self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, t.addr + off as u64, t.rkey, 1);
+                if !on_gpu && len <= self.qps[s.q].qp().max_inline as usize {
+                    // A small host payload goes in the work request (GPU memory only the NIC
+                    // may read).
+                    self.wrs[0].send_flags |= IBV_SEND_INLINE;
+                }
                 n = 1;
             }
             match s.close {
@@ -338,7 +343,7 @@ impl Conn for VerbsSend {
                 // SAFETY: `sizes_off` is inside the SIZES_ENTRY-per-slot buffer (slot < FIFO_DEPTH,
                 // entry < MAX_GROUP), an aligned u64 of our own memory.
                 unsafe { (self.sizes_out.ptr().add(target.sizes_off as usize) as *mut u64).write(size as u64) };
-                self.local[req as usize] = (data.addr() as u64, lkey);
+                self.local[req as usize] = (data.addr() as u64, lkey, path_of(mr) == Path::Gdr);
                 self.post_rdv(req, ready)?;
                 Ok(Some(req as u32))
             }
