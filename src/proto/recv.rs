@@ -1,7 +1,8 @@
 //! The receiving half of the verbs protocol, as a state machine without I/O.
 //!
 //! Events: a receive posted, an eager immediate (a ring slot filled), a rendezvous immediate
-//! (one queue pair's part of a large send landed, with the size word the transport read), the
+//! (one queue pair's part of a large send landed, with its size: from the immediate, or the size
+//! word the transport read), the
 //! header of the next arrived ring slot, a copy out of the ring finished, a flush finished.
 //! Answers: write this clear-to-send group into the sender's FIFO, copy this payload out of that
 //! ring slot, write this credit word, complete this request, report a mismatch.
@@ -210,9 +211,10 @@ impl RecvEngine {
     }
 
     /// A completion with a rendezvous immediate: one queue pair's part of the send into buffer
-    /// `entry` of FIFO slot `slot`'s receive landed. `size` is the sizes FIFO word for that
-    /// buffer as read now (valid once every part has arrived: queue pair 0 writes it before its
-    /// immediate).
+    /// `entry` of FIFO slot `slot`'s receive landed. `size` is the send's size from the
+    /// immediate (a connection of one queue pair, a send below IMM_SIZE_LIMIT), or else the sizes
+    /// FIFO word for that buffer as read now (valid once every part has arrived: queue pair 0
+    /// writes it before its immediate).
     pub fn on_rdv_imm(&mut self, slot: u32, entry: u32, size: u64) -> Result<(), ProtoError> {
         // The sender names the FIFO slot itself (below FIFO_DEPTH); anything above is corrupt,
         // not another name for a slot in use.

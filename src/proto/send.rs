@@ -404,3 +404,32 @@ impl SendEngine {
         Ok(Some(r.size))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_send_below_the_limit_on_one_qp_is_one_write_with_its_size_in_the_immediate() {
+        for (nqps, size, sized) in [(1, IMM_SIZE_LIMIT - 1, true), (1, IMM_SIZE_LIMIT, false), (2, 65536, false)] {
+            let mut e = SendEngine::new(nqps, RingSpec { slots: 8, eager_max: 8192 }, Origin::default());
+            assert!(e.on_cts(&[Cts::new(0x1000, 4 << 20, 7, 0, 1, 0, 1)]).unwrap());
+            let Ok(SendPlan::Rdv { req, target }) = e.post(size, 0, size / 4) else { panic!("not a rendezvous send") };
+            assert_eq!(target.sized, sized, "{nqps} QP(s), {size} bytes");
+            assert_eq!(Imm::decode(target.imm), Imm::Rdv { slot: 0, entry: 0, size: sized.then_some(size as u32) });
+            let mut steps = [RdvStep { q: 0, data: None, close: None }; MAX_QPS];
+            // A staged send's first quarter: its bytes, no part complete, no immediate yet.
+            let k = e.rdv_steps(req, size / 4, &mut steps);
+            assert!(k > 0 && steps[..k].iter().all(|s| s.close.is_none() && s.data.is_some()));
+            let k = e.rdv_steps(req, size, &mut steps);
+            let closes: Vec<(usize, Close)> = steps[..k].iter().filter_map(|s| s.close.map(|c| (s.q, c))).collect();
+            let want = match (sized, nqps) {
+                (true, _) => vec![(0, Close::OnData)],
+                (false, 1) => vec![(0, Close::Size)],
+                _ => vec![(0, Close::Size), (1, Close::OnData)],
+            };
+            assert_eq!(closes, want, "{nqps} QP(s), {size} bytes");
+            assert!(!e.rdv_has_new(req, size), "nothing left to post");
+        }
+    }
+}

@@ -266,6 +266,7 @@ impl Imm {
         match self {
             Imm::Eager(s) => IMM_EAGER_BIT | (s & 0xffff),
             Imm::Rdv { slot, entry, size } => {
+                debug_assert!(size.map_or(true, |s| (s as usize) < IMM_SIZE_LIMIT), "size {size:?} does not fit the immediate");
                 let sized = size.map_or(0, |s| IMM_SIZED_BIT | (s & (IMM_SIZE_LIMIT as u32 - 1)) << 10);
                 sized | ((slot & 0x7f) << 3) | (entry & 7)
             }

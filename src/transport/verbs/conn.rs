@@ -71,8 +71,9 @@ pub const RECV_QP_RQ: u32 = 127;
 // Every ring slot and every one of 32 ungrouped receives (grouped ones may wait: a receive whose
 // CTS could bring more writes than there are receives posted is not posted yet).
 const _: () = assert!(RECV_QP_RQ as usize >= RING_SLOTS + crate::proto::recv::RECV_REQS + crate::proto::verbs::MAX_GROUP);
-/// Bytes a send work request carries inline (eager header and payload; the size word; a CTS
-/// entry, a credit word): a message of up to 16 bytes goes inline, and the queue's slots stay
+/// Bytes a send work request carries inline (eager header and payload; a rendezvous payload of
+/// host memory this small; the size word; a CTS entry, a credit word): a message of up to 16
+/// bytes goes inline, and the queue's slots stay
 /// small (inline room is part of every slot: on rxe 48 keeps a slot at 256 bytes, 64 doubles
 /// it). A group of CTS entries (64 bytes and more) is read from registered memory.
 pub const SEND_INLINE: u32 = 48;

@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
 use crate::proto::send::Origin;
 use crate::proto::verbs::{Cts, EagerHdr, Imm, EAGER_HDR, FIFO_BYTES, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use crate::proto::ProtoError;
 use crate::sys::ib::*;
 use crate::sys::verbs;
 use crate::transport::{path_of, Conn, Path, RecvBuf, MAX_RECVS};
@@ -259,7 +260,9 @@ impl VerbsRecv {
                     match Imm::decode(u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })) {
                         Imm::Eager(_) => self.eng.on_eager_imm(),
                         Imm::Rdv { slot, entry, size: Some(size) } => {
-                            if let Err(e) = self.eng.on_rdv_imm(slot, entry, size as u64) {
+                            // Only a connection of one queue pair sends its sizes this way.
+                            let r = if self.qps.len() == 1 { self.eng.on_rdv_imm(slot, entry, size as u64) } else { Err(ProtoError::StrayImm { slot, entry }) };
+                            if let Err(e) = r {
                                 return Err(self.c.proto(e));
                             }
                         }

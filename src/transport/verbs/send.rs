@@ -200,7 +200,8 @@ impl VerbsSend {
 
     /// Post what is newly ready (the first `ready` bytes) of rendezvous send `req`, as the
     /// engine's steps say: per QP, one RDMA WRITE of its part's new bytes, and once the part is
-    /// complete the signaled write that carries the immediate (QP 0: the size word's).
+    /// complete the signaled write that carries the immediate (QP 0: the size word's, unless the
+    /// immediate carries the size: then the data write's).
     fn post_rdv(&mut self, req: u16, ready: usize) -> Result<()> {
         let k = self.eng.rdv_steps(req, ready, &mut self.steps);
         let t = self.eng.target(req);
