@@ -70,7 +70,6 @@ struct Connecting {
 }
 
 /// The connectors in progress, and when they were last looked at for reaping.
-#[derive(Default)]
 struct Connectors {
     by_stage: Option<HashMap<usize, Connecting>>,
     reaped_at: Option<Instant>,

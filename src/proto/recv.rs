@@ -315,14 +315,22 @@ impl RecvEngine {
     /// The credit word to write into the sender's memory now (in batches, or at once when the
     /// sender runs low), if any: ring slots matched and copied out.
     pub fn credit_due(&mut self) -> Option<u64> {
+        let released = self.released()?;
+        self.credits_sent = released;
+        self.credit_urgent = false;
+        Some(released)
+    }
+
+    /// Whether `credit_due` would answer a credit word now.
+    pub fn credit_pending(&self) -> bool {
+        self.released().is_some()
+    }
+
+    /// The ring slots released so far, if it is time to tell the sender.
+    fn released(&self) -> Option<u64> {
         let released = self.copying.front().map_or(self.ring_done, |c| c.ring_index);
         let unreported = released - self.credits_sent;
-        if unreported > 0 && (self.credit_urgent || unreported >= self.ring_slots as u64 / 2) {
-            self.credits_sent = released;
-            self.credit_urgent = false;
-            return Some(released);
-        }
-        None
+        (unreported > 0 && (self.credit_urgent || unreported >= self.ring_slots as u64 / 2)).then_some(released)
     }
 
     /// Whether `req` still waits for data (Err if it is not in flight).

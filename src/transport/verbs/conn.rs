@@ -172,16 +172,13 @@ impl SqBook {
     /// Book the first `k` of `wrs` for posting on `q` (the caller checked `room`): each signaled
     /// one gets its place in the queue in its id, and the last is signaled (with a control id,
     /// which no request waits for) if it would otherwise end a run of `every` unsignaled ones.
-    /// Returns whether the last one is signaled.
-    pub(super) fn book(&mut self, q: usize, wrs: &mut [ibv_send_wr], k: usize) -> bool {
+    pub(super) fn book(&mut self, q: usize, wrs: &mut [ibv_send_wr], k: usize) {
         debug_assert!(k as u32 <= self.room(q));
-        let mut last = false;
         for (i, w) in wrs.iter_mut().enumerate().take(k) {
             self.posted[q] += 1;
             if w.send_flags & IBV_SEND_SIGNALED == 0 {
                 self.unsignaled[q] += 1;
                 if i + 1 < k || self.unsignaled[q] < self.every {
-                    last = false;
                     continue;
                 }
                 w.send_flags |= IBV_SEND_SIGNALED;
@@ -189,9 +186,7 @@ impl SqBook {
             }
             self.unsignaled[q] = 0;
             w.wr_id = (w.wr_id & !(0x00ff_ffff_ffff_u64 << SEQ_SHIFT)) | (q as u64) << QP_SHIFT | (self.posted[q] as u32 as u64) << SEQ_SHIFT;
-            last = true;
         }
-        last
     }
 
     /// A successful signaled completion with this id: the work requests up to it are done.
@@ -517,6 +512,10 @@ pub(super) fn rdma_wr(op: u32, wr_id: u64, remote: u64, rkey: u32, nsge: i32) ->
 mod tests {
     use super::*;
 
+    fn is_signaled(w: &ibv_send_wr) -> bool {
+        w.send_flags & IBV_SEND_SIGNALED != 0
+    }
+
     fn wr(id: u64, signaled: bool) -> ibv_send_wr {
         let mut w = rdma_wr(IBV_WR_RDMA_WRITE, id, 0, 0, 0);
         if signaled {
@@ -530,7 +529,8 @@ mod tests {
         let mut b = SqBook::new(63);
         let send = KIND_SEND << KIND_SHIFT;
         let mut w = [wr(send | 7, false), wr(send | 7, true)];
-        assert!(b.book(1, &mut w, 2));
+        b.book(1, &mut w, 2);
+        assert!(is_signaled(&w[1]) && !is_signaled(&w[0]));
         assert_eq!(b.room(1), 61);
         assert_eq!(b.room(0), 63, "another queue pair's room is its own");
         // The signaled one keeps its kind and slot, and carries its queue pair and place.
@@ -552,8 +552,8 @@ mod tests {
         let mut signaled = Vec::new();
         for i in 0..100u64 {
             let mut w = [wr((KIND_SEND << KIND_SHIFT) | i, false)];
-            if b.book(0, &mut w, 1) {
-                assert_ne!(w[0].send_flags & IBV_SEND_SIGNALED, 0);
+            b.book(0, &mut w, 1);
+            if is_signaled(&w[0]) {
                 assert_eq!(w[0].wr_id >> KIND_SHIFT, KIND_CTRL, "no request waits for a signal the book added");
                 signaled.push((i, w[0].wr_id));
             }
@@ -565,8 +565,9 @@ mod tests {
         assert_eq!(b.unsignaled[0], 4);
         // Within a chain, only the last can be the one signaled.
         let mut chain: Vec<ibv_send_wr> = (0..30).map(|_| wr(KIND_SEND << KIND_SHIFT, false)).collect();
-        assert!(b.book(0, &mut chain, 30));
-        assert!(chain[..29].iter().all(|w| w.send_flags & IBV_SEND_SIGNALED == 0));
+        b.book(0, &mut chain, 30);
+        assert!(is_signaled(&chain[29]));
+        assert!(chain[..29].iter().all(|w| !is_signaled(w)));
     }
 
     #[test]

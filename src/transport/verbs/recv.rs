@@ -180,8 +180,8 @@ impl VerbsRecv {
         }
         self.retire_copies()?;
         // A credit lets the sender fill ring slots again: each takes a posted receive.
-        if self.book.room(0) == 0 || !self.recvs_cover(0)? {
-            return Ok(()); // the credit stays due
+        if !self.eng.credit_pending() || self.book.room(0) == 0 || !self.recvs_cover(0, 0)? {
+            return Ok(()); // none due, or it stays due
         }
         if let Some(word) = self.eng.credit_due() {
             // The copies out of the released slots (loads) complete before the credit that lets
@@ -211,7 +211,7 @@ impl VerbsRecv {
     /// arrive on it, and `more` writes more (topping them up first if they do not): one per
     /// ring slot, and one per buffer of each incomplete receive with a CTS out. The receive
     /// queue can hold that many, or the new receive would not have been posted.
-    fn recvs_cover_more(&mut self, q: usize, more: usize) -> Result<bool> {
+    fn recvs_cover(&mut self, q: usize, more: usize) -> Result<bool> {
         let need = RING_SLOTS + self.eng.rdv_owed() + more;
         if (self.posted_recvs[q] as usize) < need && self.posted_recvs[q] < self.rq {
             self.repost(q)?;
@@ -219,31 +219,38 @@ impl VerbsRecv {
         Ok(self.posted_recvs[q] as usize >= need)
     }
 
-    fn recvs_cover(&mut self, q: usize) -> Result<bool> {
-        self.recvs_cover_more(q, 0)
-    }
-
     /// Whether receive `specs` may be posted now: room for its CTS and a credit write in every
     /// send queue, and, if it will have a CTS, its FIFO slot's staging copy free and receives
     /// posted for its writes (after reaping completions and topping up receives if not).
     fn can_post(&mut self, specs: &[RecvSpec]) -> Result<bool> {
         let cts = specs.iter().any(|s| s.size > self.eng.eager_max() as u64);
-        for attempt in 0..2 {
-            let mut ok = (0..self.qps.len()).all(|q| self.book.room(q) >= 2);
-            if let (true, Some((q, place))) = (cts, self.cts_reading[self.eng.next_cts_slot()]) {
-                ok &= self.book.done(q as usize, place);
-            }
-            if ok && cts {
-                for q in 0..self.qps.len() {
-                    ok &= self.recvs_cover_more(q, specs.len())?;
-                }
-            }
-            if ok || attempt == 1 {
-                return Ok(ok);
-            }
-            self.progress()?;
+        if self.room_for(cts, specs.len())? {
+            return Ok(true);
         }
-        Ok(false)
+        self.progress()?;
+        self.room_for(cts, specs.len())
+    }
+
+    /// `can_post` without reaping: room in every send queue, and for a receive with a CTS of
+    /// `n` buffers its staging copy free and receives posted for its writes.
+    fn room_for(&mut self, cts: bool, n: usize) -> Result<bool> {
+        if !(0..self.qps.len()).all(|q| self.book.room(q) >= 2) {
+            return Ok(false);
+        }
+        if !cts {
+            return Ok(true);
+        }
+        if let Some((q, place)) = self.cts_reading[self.eng.next_cts_slot()] {
+            if !self.book.done(q as usize, place) {
+                return Ok(false);
+            }
+        }
+        for q in 0..self.qps.len() {
+            if !self.recvs_cover(q, n)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     fn progress(&mut self) -> Result<bool> {
