@@ -8,7 +8,10 @@ Runs `rivet perf --comms LIST --sizes 1M` (two processes, N send/receive comm pa
 them, each N in fresh processes; see README.md) through rivet and through the peer plugins that
 --peers DIR holds (default $PEERS_DIR/out, else /tmp/rivet-peers/out; ../shared/peers/build.sh
 builds them): libnccl-net-rdma-sharp.so (NCCL's IB transport) and libnccl-net-ofi.so
-(aws-ofi-nccl, with ofi-shim/). Over verbs (the default) the runs happen in the Soft-RoCE VM
+(aws-ofi-nccl, with ofi-shim/); and, if the directory has it, libnccl-net-rdma-sharp-32.so, the
+same plugin built with NCCL_NET_MAX_REQUESTS 32 (NCCL 2.19+'s value; its include/net.h says 8, the
+2.18 one), which sizes its FIFOs as NCCL's own IB transport does today (docs/benchmarks.md says
+how to build it), run as nccl-ib-32. Over verbs (the default) the runs happen in the Soft-RoCE VM
 (ci/vm/run-vm.sh, MTU 9000; rank 0 on rxe0, rank 1 on rxe1), the libraries the peers link copied
 in from this host. With --tcp they happen here on loopback: rivet's TCP transport and
 aws-ofi-nccl over libfabric's tcp provider (NCCL's IB transport needs an RDMA device).
@@ -35,7 +38,7 @@ def copy_peers(src, dst):
     """The peers and every library they link that the guest lacks."""
     os.makedirs(os.path.join(dst, "lib"))
     libs = []
-    for so in ("libnccl-net-rdma-sharp.so", "libnccl-net-ofi.so"):
+    for so in ("libnccl-net-rdma-sharp.so", "libnccl-net-rdma-sharp-32.so", "libnccl-net-ofi.so"):
         p = os.path.join(src, so)
         if os.path.exists(p):
             shutil.copy(p, dst)

@@ -6,8 +6,11 @@
  * loads and initialises the plugin AFTER fork; the parent never loads it.
  *
  * Build: cc -std=gnu11 -O2 -Wall -Wextra -Werror nccl-tests/conformance.c -o conformance -ldl
- * Usage: conformance --lib PATH_OR_SONAME --api N [--case NAME|all] [--dev D] [--dev2 D] [-v]
+ * Usage: conformance --lib PATH_OR_SONAME --api N [--case NAME|all] [--dev D] [--dev2 D]
+ *                    [--fuse D,D.. [--fuse2 D,D..]] [-v]
  *        --dev2: device of the odd ranks (default: --dev), e.g. rxe0 <-> rxe1 over a wire.
+ *        --fuse / --fuse2: each even / odd rank makes a virtual NIC of these devices with
+ *        makeVDevice (v9+), checks its properties, and uses it (a fused device, NIC fusion).
  *        --case badrkey is not part of "all": it needs the RDMA verbs transport (a stale rkey).
  * Exit:  0 all selected cases passed, 1 a case failed, 2 usage error.
  */
@@ -69,7 +72,7 @@ static const struct {
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
 static void usage(void) {
-  fprintf(stderr, "usage: conformance --lib PATH_OR_SONAME --api N(6..12) [--case NAME|all] [--dev D] [--dev2 D] [-v]\ncases:");
+  fprintf(stderr, "usage: conformance --lib PATH_OR_SONAME --api N(6..12) [--case NAME|all] [--dev D] [--dev2 D] [--fuse D,D.. [--fuse2 D,D..]] [-v]\ncases:");
   for (int i = 0; i < NCASES; i++)
     if (!cases[i].named_only) fprintf(stderr, " %s", cases[i].name);
   fprintf(stderr, "\nnot in 'all' (run with --case NAME):");
@@ -87,8 +90,23 @@ static int parse_int(const char* s, int* out) {
   return 0;
 }
 
+/* "0,2": at most 8 device numbers. */
+static int parse_list(const char* s, int* out, int* n) {
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", s);
+  *n = 0;
+  for (char* t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+    if (*n == 8 || parse_int(t, &out[*n]) || out[*n] < 0) return -1;
+    (*n)++;
+  }
+  return *n ? 0 : -1;
+}
+
 int main(int argc, char** argv) {
-  Opts o = {NULL, 0, 0, -1, 0, 10};
+  Opts o;
+  memset(&o, 0, sizeof o);
+  o.dev2 = -1;
+  o.rivet_timeout = 10;
   const char* which = "all";
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
@@ -99,10 +117,16 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--case")) which = argv[++i];
     else if (!strcmp(a, "--dev")) { if (parse_int(argv[++i], &o.dev) || o.dev < 0) { usage(); return 2; } }
     else if (!strcmp(a, "--dev2")) { if (parse_int(argv[++i], &o.dev2) || o.dev2 < 0) { usage(); return 2; } }
+    else if (!strcmp(a, "--fuse")) { if (parse_list(argv[++i], o.fuse, &o.nfuse)) { usage(); return 2; } }
+    else if (!strcmp(a, "--fuse2")) { if (parse_list(argv[++i], o.fuse2, &o.nfuse2)) { usage(); return 2; } }
     else { usage(); return 2; }
   }
   if (!o.lib || o.api < 6 || o.api > 12) { usage(); return 2; }
   if (o.dev2 < 0) o.dev2 = o.dev;
+  if (o.nfuse2 == 0) {
+    memcpy(o.fuse2, o.fuse, sizeof o.fuse);
+    o.nfuse2 = o.nfuse;
+  }
   int sel = -1;
   if (strcmp(which, "all")) {
     for (int i = 0; i < NCASES; i++)

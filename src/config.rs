@@ -115,7 +115,12 @@ pub const VARS: &[Var] = &[
     Var {
         name: "NCCL_IB_QPS_PER_CONNECTION",
         default: "1",
-        meaning: "Queue pairs per connection (1-16), NCCL's default; each message above the eager limit is split across them in 128-byte-aligned chunks. More spread a connection over ECMP paths (on Soft-RoCE, its work over CPUs: docs/benchmarks.md), at a queue pair and its queues' memory each.",
+        meaning: "Queue pairs per connection (1-16), NCCL's default; each message above the eager limit is split across them in 128-byte-aligned chunks. More spread a connection over ECMP paths (on Soft-RoCE, its work over CPUs: docs/benchmarks.md), at a queue pair and its queues' memory each. On a fused device, per member (of the larger side).",
+    },
+    Var {
+        name: "NCCL_IB_MERGE_NICS",
+        default: "1",
+        meaning: "1: NCCL may fuse RDMA ports into one virtual NIC (makeVDevice, ncclNet v9+; by default NCCL fuses the ports of one card, NCCL_NET_MERGE_LEVEL): a comm on it has queue pairs on every member and stripes each large message across them. 0: fusion is refused (every port stays its own device).",
     },
     Var {
         name: "RIVET_IB_EAGER_MAX",
@@ -189,6 +194,7 @@ pub struct Config {
     pub ib_sl: Option<u8>,
     pub ib_pkey: u16,
     pub ib_qps: usize,
+    pub ib_merge_nics: bool,
     pub ib_relaxed_ordering: u32,
     pub ib_eager_max: usize,
     pub gdr_flush_disable: bool,
@@ -356,6 +362,7 @@ impl Config {
             ib_sl: opt_int_var(get, "NCCL_IB_SL", 0, 15, "unset").map(|v| v as u8),
             ib_pkey: int_var(get, "NCCL_IB_PKEY", 0, 65535) as u16,
             ib_qps: int_var(get, "NCCL_IB_QPS_PER_CONNECTION", 1, 16) as usize,
+            ib_merge_nics: int_var(get, "NCCL_IB_MERGE_NICS", 0, 1) == 1,
             ib_relaxed_ordering: int_var(get, "NCCL_IB_PCI_RELAXED_ORDERING", 0, 2) as u32,
             ib_eager_max: int_var(get, "RIVET_IB_EAGER_MAX", 0, 262144) as usize,
             gdr_flush_disable: int_var(get, "NCCL_GDR_FLUSH_DISABLE", 0, 1) == 1,

@@ -102,6 +102,26 @@ static ncclResult_t net_init(Net* net, void** ctx, uint64_t commId) {
   return ncclInternalError;
 }
 
+/* makeVDevice of v9+ (NULL there: ncclInvalidUsage, as NCCL treats no fusion); -1 before v9. */
+static ncclResult_t net_make_vdevice(Net* net, const int* devs, int n, int* d) {
+  ncclNetVDeviceProps_v9_t p9;
+  ncclNetVDeviceProps_v12_t p12;
+  memset(&p9, 0, sizeof p9);
+  memset(&p12, 0, sizeof p12);
+  p9.ndevs = p12.ndevs = n;
+  for (int i = 0; i < n && i < 8; i++) {
+    if (i < 4) p9.devs[i] = devs[i];
+    p12.devs[i] = devs[i];
+  }
+  switch (net->api) {
+    case 9: return T(9)->makeVDevice ? T(9)->makeVDevice(d, &p9) : ncclInvalidUsage;
+    case 10: return T(10)->makeVDevice ? T(10)->makeVDevice(d, (ncclNetVDeviceProps_v10_t*)&p9) : ncclInvalidUsage;
+    case 11: return T(11)->makeVDevice ? T(11)->makeVDevice(d, (ncclNetVDeviceProps_v11_t*)&p9) : ncclInvalidUsage;
+    case 12: return T(12)->makeVDevice ? T(12)->makeVDevice(d, &p12) : ncclInvalidUsage;
+  }
+  return ncclInvalidUsage;
+}
+
 /* v6..v10 have no finalize: success. */
 static ncclResult_t net_finalize(Net* net, void* ctx) {
   if (net->api == 11) return T(11)->finalize ? T(11)->finalize(ctx) : ncclSuccess;

@@ -83,13 +83,44 @@ static int child_exchange(Child* c, const void* mine, uint8_t all[][HSIZE]) {
   return read_full(c->rfd, all, (size_t)c->n * HSIZE);
 }
 
+/* With --fuse/--fuse2: make this rank's virtual NIC (as NCCL does at init, before any comm)
+ * and check what getProperties says of it; c->dev becomes its index. */
+static int child_fuse(Child* c) {
+  const int* f = (c->rank % 2) ? c->o->fuse2 : c->o->fuse;
+  int n = (c->rank % 2) ? c->o->nfuse2 : c->o->nfuse;
+  if (n == 0) return 0;
+  if (c->o->api < 9) FAIL(c, "--fuse needs ncclNet v9+ (makeVDevice), api is %d", c->o->api);
+  int d = -1;
+  ncclResult_t r = net_make_vdevice(&c->net, f, n, &d);
+  if (r != ncclSuccess) FAIL(c, "makeVDevice of %d devices returned %d", n, r);
+  int d2 = -1;
+  r = net_make_vdevice(&c->net, f, n, &d2);
+  if (r != ncclSuccess || d2 != d) FAIL(c, "makeVDevice again of the same devices gave %d (rc %d), first %d", d2, r, d);
+  int ndev = 0;
+  if (c->net.devices(&ndev) != ncclSuccess || d < 0 || d >= ndev) FAIL(c, "virtual device %d, devices() says %d", d, ndev);
+  Props p;
+  if (net_props(&c->net, d, &p) != ncclSuccess) FAIL(c, "getProperties of virtual device %d failed", d);
+  if (p.vndevs != n) FAIL(c, "virtual device %d: vProps.ndevs %d, want %d", d, p.vndevs, n);
+  int speed = 0;
+  for (int i = 0; i < n; i++) {
+    if (p.vdevs[i] != f[i]) FAIL(c, "virtual device %d: vProps.devs[%d] %d, want %d", d, i, p.vdevs[i], f[i]);
+    Props m;
+    if (net_props(&c->net, f[i], &m) != ncclSuccess) FAIL(c, "getProperties of member %d failed", f[i]);
+    if (!strstr(p.name, m.name)) FAIL(c, "virtual device %d is named %s, without member %s", d, p.name, m.name);
+    speed += m.speed;
+  }
+  if (p.speed != speed) FAIL(c, "virtual device %d: speed %d, want the members' sum %d", d, p.speed, speed);
+  c->dev = d;
+  return 0;
+}
+
 static int child_open(Child* c) {
   char err[256];
   if (net_load(&c->net, c->o->lib, c->o->api, err, sizeof err) != 0) FAIL(c, "%s", err);
   ncclResult_t r = net_init(&c->net, &c->ctx, 0x7100 + (uint64_t)c->rank);
   if (r != ncclSuccess) FAIL(c, "init returned %d", r);
   if ((c->o->api >= 11) && c->ctx == NULL) FAIL(c, "init returned success but ctx == NULL");
-  return 0;
+  return child_fuse(c);
 }
 
 static int child_finalize(Child* c) {

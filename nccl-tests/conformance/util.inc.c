@@ -32,6 +32,10 @@ typedef struct {
   int api;
   int dev;
   int dev2; /* device of odd ranks */
+  /* --fuse A,B / --fuse2 C,D: each rank makes a virtual NIC of these physical devices with
+   * makeVDevice (v9+) after init and uses it instead of --dev / --dev2 */
+  int fuse[8], nfuse;
+  int fuse2[8], nfuse2;
   int verbose;
   int rivet_timeout; /* seconds, from RIVET_TIMEOUT (default 10) */
 } Opts;

@@ -243,6 +243,52 @@ pub fn props(dev: c_int) -> Result<plugin::Props> {
     plugin::properties(dev)
 }
 
+/// The members of device `c` as v9-v11 report them (at most 4: those versions' limit).
+pub fn vprops_v9(c: &plugin::Props) -> ncclNetVDeviceProps_v9_t {
+    let mut devs = [0; 4];
+    let n = c.nvdevs.min(4);
+    devs[..n].copy_from_slice(&c.vdevs[..n]);
+    ncclNetVDeviceProps_v9_t { ndevs: n as c_int, devs }
+}
+
+/// The members of device `c` as v12 reports them.
+pub fn vprops_v12(c: &plugin::Props) -> ncclNetVDeviceProps_v12_t {
+    let mut devs = [0; 8];
+    let n = c.nvdevs.min(8);
+    devs[..n].copy_from_slice(&c.vdevs[..n]);
+    ncclNetVDeviceProps_v12_t { ndevs: n as c_int, devs }
+}
+
+/// # Safety
+/// `d` is NULL or NCCL's out-parameter for the new device's index.
+unsafe fn make_vdevice(d: *mut c_int, ndevs: c_int, devs: &[c_int]) -> Result<()> {
+    let n = usize::try_from(ndevs).ok().filter(|&n| n <= devs.len()).ok_or_else(|| {
+        Error::usage(format!("makeVDevice with ndevs={ndevs}: this ncclNet version carries at most {} devices per virtual NIC", devs.len()))
+    })?;
+    // SAFETY: the caller's promise about `d`.
+    unsafe { out(d, "d", plugin::make_vdevice(&devs[..n])?) }
+}
+
+/// `makeVDevice` of v9-v11 (4 members at most).
+pub unsafe extern "C" fn make_vdevice_v9(d: *mut c_int, props: *mut ncclNetVDeviceProps_v9_t) -> ncclResult_t {
+    boundary("makeVDevice", || {
+        // SAFETY: NCCL passes its vProps of this version; NULL is checked.
+        let p = unsafe { &*super::ffi::nonnull(props, "props")? };
+        // SAFETY: `d` is NCCL's out-parameter (checked for NULL by `out`).
+        unsafe { make_vdevice(d, p.ndevs, &p.devs) }
+    })
+}
+
+/// `makeVDevice` of v12 (8 members at most).
+pub unsafe extern "C" fn make_vdevice_v12(d: *mut c_int, props: *mut ncclNetVDeviceProps_v12_t) -> ncclResult_t {
+    boundary("makeVDevice", || {
+        // SAFETY: NCCL passes its vProps of this version; NULL is checked.
+        let p = unsafe { &*super::ffi::nonnull(props, "props")? };
+        // SAFETY: `d` is NCCL's out-parameter (checked for NULL by `out`).
+        unsafe { make_vdevice(d, p.ndevs, &p.devs) }
+    })
+}
+
 /// `ptrSupport`: NCCL_PTR_HOST always, CUDA and DMABUF as the device takes them.
 pub fn ptr_flags(p: plugin::PtrSupport) -> c_int {
     NCCL_PTR_HOST | if p.cuda { NCCL_PTR_CUDA } else { 0 } | if p.dmabuf { NCCL_PTR_DMABUF } else { 0 }

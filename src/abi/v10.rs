@@ -42,5 +42,5 @@ pub static ncclNetPlugin_v10: Exported<ncclNet_v10_t> = Exported(ncclNet_v10_t {
     closeListen: Some(close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(make_vdevice_v9),
 });

@@ -46,7 +46,7 @@ unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v11_t)
             maxRecvs: c.max_recvs,
             netDeviceType: NCCL_NET_DEVICE_HOST,
             netDeviceVersion: 0,
-            vProps: ncclNetVDeviceProps_v9_t { ndevs: 1, devs: { let mut d = [0; 4]; d[0] = dev; d } },
+            vProps: vprops_v9(&c),
             maxP2pBytes: NCCL_MAX_NET_SIZE_BYTES,
             maxCollBytes: MAX_COLLNET_SIZE,
             maxMultiRequestSize: 1,
@@ -76,7 +76,7 @@ pub static ncclNetPlugin_v11: Exported<ncclNet_v11_t> = Exported(ncclNet_v11_t {
     closeListen: Some(close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(make_vdevice_v9),
     finalize: Some(finalize),
     setNetAttr: None,
 });

@@ -46,12 +46,12 @@ unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProperties_v12_t)
             maxRecvs: c.max_recvs,
             netDeviceType: NCCL_NET_DEVICE_HOST,
             netDeviceVersion: 0,
-            vProps: ncclNetVDeviceProps_v12_t { ndevs: 1, devs: { let mut d = [0; 8]; d[0] = dev; d } },
+            vProps: vprops_v12(&c),
             maxP2pBytes: NCCL_MAX_NET_SIZE_BYTES,
             maxCollBytes: MAX_COLLNET_SIZE,
             maxMultiRequestSize: 1,
-            railId: NCCL_NET_ID_UNDEF,
-            planeId: NCCL_NET_ID_UNDEF,
+            railId: c.rail,
+            planeId: c.plane,
         };
         Ok(())
     })
@@ -78,7 +78,7 @@ pub static ncclNetPlugin_v12: Exported<ncclNet_v12_t> = Exported(ncclNet_v12_t {
     closeListen: Some(close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(make_vdevice_v12),
     finalize: Some(finalize),
     setNetAttr: None,
 });

@@ -29,7 +29,7 @@ pub(super) unsafe extern "C" fn get_properties(dev: c_int, p: *mut ncclNetProper
             maxRecvs: c.max_recvs,
             netDeviceType: NCCL_NET_DEVICE_HOST,
             netDeviceVersion: 0,
-            vProps: ncclNetVDeviceProps_v9_t { ndevs: 1, devs: { let mut d = [0; 4]; d[0] = dev; d } },
+            vProps: vprops_v9(&c),
             maxP2pBytes: NCCL_MAX_NET_SIZE_BYTES,
             maxCollBytes: MAX_COLLNET_SIZE,
         };
@@ -58,5 +58,5 @@ pub static ncclNetPlugin_v9: Exported<ncclNet_v9_t> = Exported(ncclNet_v9_t {
     closeListen: Some(close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(make_vdevice_v9),
 });

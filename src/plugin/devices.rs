@@ -4,6 +4,7 @@
 use crate::error::{Error, Result};
 use crate::gpu::cuda;
 use crate::log::INIT;
+use crate::transport::verbs::{fuse, VerbsDevice};
 use crate::transport::{self, Devices, PtrSupport, Transport, MAX_RECVS};
 use std::ffi::{c_char, c_void};
 use std::sync::{Mutex, OnceLock};
@@ -26,6 +27,12 @@ pub struct Props {
     pub latency: f32,
     pub max_comms: i32,
     pub max_recvs: i32,
+    /// The physical devices a virtual (fused) device is made of; a physical one: itself.
+    pub vdevs: [i32; fuse::MAX_MEMBERS],
+    pub nvdevs: usize,
+    /// ncclNet v12's railId / planeId (-1: undefined).
+    pub rail: i16,
+    pub plane: i16,
 }
 
 static DEVICES: OnceLock<std::result::Result<Devices, Error>> = OnceLock::new();
@@ -69,22 +76,95 @@ pub fn init(abi: u32) -> Result<()> {
     Ok(())
 }
 
+/// A virtual device `makeVDevice` made: its members (physical device indices) and the fused
+/// device. They live for the process (NCCL makes them once, at init).
+struct VDev {
+    members: Vec<i32>,
+    dev: &'static dyn Transport,
+}
+
+static VDEVS: Mutex<Vec<VDev>> = Mutex::new(Vec::new());
+
+fn vdevs() -> std::sync::MutexGuard<'static, Vec<VDev>> {
+    VDEVS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Physical devices, then the virtual ones in the order they were made (as net_ib numbers them).
 pub fn ndevices() -> Result<i32> {
-    Ok(devices_table()?.list.len() as i32)
+    Ok((devices_table()?.list.len() + vdevs().len()) as i32)
 }
 
 pub(super) fn device(dev: i32) -> Result<&'static dyn Transport> {
     let t = devices_table()?;
-    usize::try_from(dev)
-        .ok()
-        .and_then(|d| t.list.get(d))
-        .map(|d| &**d)
-        .ok_or_else(|| Error::arg(format!("device {dev} does not exist (this host has {} rivet devices)", t.list.len())))
+    let n = t.list.len();
+    let d = usize::try_from(dev).ok();
+    if let Some(p) = d.and_then(|d| t.list.get(d)) {
+        return Ok(&**p);
+    }
+    let v = vdevs();
+    d.and_then(|d| d.checked_sub(n)).and_then(|i| v.get(i)).map(|v| v.dev).ok_or_else(|| {
+        Error::arg(format!("device {dev} does not exist (this host has {n} rivet devices and {} virtual ones)", v.len()))
+    })
+}
+
+/// `makeVDevice`: a virtual NIC fusing the physical devices `devs` (NCCL_IB_MERGE_NICS
+/// allowing), its index in `*d`. One member is the device itself; the same members again give
+/// the device made before.
+pub fn make_vdevice(devs: &[i32]) -> Result<i32> {
+    let t = devices_table()?;
+    let phys: Vec<fuse::MemberInfo> = t
+        .list
+        .iter()
+        .map(|d| match d.as_any().downcast_ref::<VerbsDevice>() {
+            Some(v) => v.member_info(),
+            None => fuse::MemberInfo {
+                name: d.info().name.to_string_lossy().into_owned(),
+                rdma: false,
+                link_layer: 0,
+                speed: d.info().speed,
+                rail: -1,
+                plane_idx: 0,
+                plane: -1,
+            },
+        })
+        .collect();
+    let mut v = vdevs();
+    fuse::check(devs, &phys, crate::config::get().ib_merge_nics, v.len()).map_err(Error::usage)?;
+    if let [d] = devs {
+        return Ok(*d);
+    }
+    if let Some(i) = v.iter().position(|x| x.members == devs) {
+        return Ok((t.list.len() + i) as i32);
+    }
+    let members: Vec<&VerbsDevice> = devs.iter().filter_map(|&d| t.list[d as usize].as_any().downcast_ref::<VerbsDevice>()).collect();
+    let f: &'static VerbsDevice = Box::leak(Box::new(VerbsDevice::fused(&members)));
+    let index = (t.list.len() + v.len()) as i32;
+    log::info!(
+        target: INIT,
+        "NET/rivet: made virtual device {index} {} of devices {devs:?}: speed {} Mb/s, rail {}, plane {:#x}",
+        f.info().name.to_string_lossy(),
+        f.info().speed,
+        f.info().rail,
+        f.info().plane
+    );
+    v.push(VDev { members: devs.to_vec(), dev: f });
+    Ok(index)
 }
 
 pub fn properties(dev: i32) -> Result<Props> {
     let d = device(dev)?;
     let info = d.info();
+    let mut vdevs = [0i32; fuse::MAX_MEMBERS];
+    let nphys = devices_table()?.list.len() as i32;
+    let nvdevs = if dev < nphys {
+        vdevs[0] = dev;
+        1
+    } else {
+        let v = self::vdevs();
+        let m = &v[(dev - nphys) as usize].members;
+        vdevs[..m.len()].copy_from_slice(m);
+        m.len()
+    };
     Ok(Props {
         name: info.name.as_ptr() as *mut c_char,
         pci_path: info.pci_path.as_ref().map_or(std::ptr::null_mut(), |p| p.as_ptr() as *mut c_char),
@@ -97,5 +177,9 @@ pub fn properties(dev: i32) -> Result<Props> {
         latency: 0.0,
         max_comms: info.max_comms,
         max_recvs: MAX_RECVS as i32,
+        vdevs,
+        nvdevs,
+        rail: info.rail,
+        plane: info.plane,
     })
 }

@@ -9,7 +9,7 @@ mod devices;
 mod mr;
 
 pub use connect::{accept, close_listen, connect, listen};
-pub use devices::{devices_table, init, ndevices, properties, Props, VERSION};
+pub use devices::{devices_table, init, make_vdevice, ndevices, properties, Props, VERSION};
 pub use mr::{dereg_mr, reg_mr, MemKind, Mr};
 pub use crate::transport::{Devices, PtrSupport};
 use connect::ListenComm;

@@ -73,10 +73,12 @@ pub mod handle {
     pub const PORT: F = f(16, 2);
     /// IPv4 in the first 4 bytes, IPv6 in all 16.
     pub const ADDR: F = f(20, 16);
+    /// Members of the listening device (protocol 5; 0 before, meaning 1).
+    pub const MEMBERS: F = f(36, 1);
     /// A connect in progress: its state and cookie, in the caller's copy of the handle.
     pub const STAGE: F = f(112, 8);
     pub const STAGE_COOKIE: F = f(120, 8);
-    const _: () = assert!(fits(&[MAGIC, VERSION, TRANSPORT, FAMILY, LISTEN_MAGIC, PORT, ADDR, STAGE, STAGE_COOKIE], SIZE));
+    const _: () = assert!(fits(&[MAGIC, VERSION, TRANSPORT, FAMILY, LISTEN_MAGIC, PORT, ADDR, MEMBERS, STAGE, STAGE_COOKIE], SIZE));
 }
 
 /// The TCP transport's hello, the first 32 bytes of every stream.
@@ -115,10 +117,10 @@ pub mod msg {
     const _: () = assert!(fits(&[MAGIC, SEQ, LEN, TAG, RESERVED], SIZE));
 }
 
-/// The 160-byte metadata each side of a verbs connection sends once.
+/// The 384-byte metadata each side of a verbs connection sends once.
 pub mod meta {
     use super::{f, fits, F};
-    pub const SIZE: usize = 160;
+    pub const SIZE: usize = 384;
     pub const MAGIC: F = f(0, 4);
     pub const VERSION: F = f(4, 2);
     pub const LENGTH: F = f(6, 2);
@@ -140,11 +142,34 @@ pub mod meta {
     pub const RING_ADDR: F = f(144, 8);
     pub const EAGER_MAX: F = f(152, 4);
     pub const RING_SLOTS: F = f(156, 2);
-    pub const RESERVED: F = f(158, 2);
+    /// Members of the sending side's device (1, or the ports of a fused one); the fields above
+    /// describe member 0, a [`member`] block each of the others.
+    pub const MEMBERS: F = f(158, 1);
+    pub const RESERVED: F = f(159, 1);
+    /// Members 1..8, 32 bytes each: GID, LID, port, MTU and the FIFO's and ring's keys there.
+    pub const EXTRA: F = f(160, 224);
     const _: () = assert!(fits(
-        &[MAGIC, VERSION, LENGTH, NQPS, LINK_LAYER, PORT, MTU, LID, TC, SL, GID, FIFO_ADDR, FIFO_RKEY, RING_RKEY, DEV_NAME, QPNS, RING_ADDR, EAGER_MAX, RING_SLOTS, RESERVED],
+        &[MAGIC, VERSION, LENGTH, NQPS, LINK_LAYER, PORT, MTU, LID, TC, SL, GID, FIFO_ADDR, FIFO_RKEY, RING_RKEY, DEV_NAME, QPNS, RING_ADDR, EAGER_MAX, RING_SLOTS, MEMBERS, RESERVED, EXTRA],
         SIZE
     ));
+    /// The block of member `m` (1..8), and its fields.
+    pub mod member {
+        use super::super::{f, fits, F};
+        pub const SIZE: usize = 32;
+        pub const GID: F = f(0, 16);
+        pub const LID: F = f(16, 2);
+        pub const PORT: F = f(18, 1);
+        pub const MTU: F = f(19, 1);
+        pub const FIFO_RKEY: F = f(20, 4);
+        pub const RING_RKEY: F = f(24, 4);
+        pub const RESERVED: F = f(28, 4);
+        const _: () = assert!(fits(&[GID, LID, PORT, MTU, FIFO_RKEY, RING_RKEY, RESERVED], SIZE));
+        const _: () = assert!(7 * SIZE == super::EXTRA.len);
+        /// Field `x` of member `m`'s block.
+        pub const fn at(m: usize, x: F) -> F {
+            f(super::EXTRA.off + (m - 1) * SIZE + x.off, x.len)
+        }
+    }
     /// Queue pair number `i`.
     pub const fn qpn(i: usize) -> F {
         f(QPNS.off + 4 * i, 4)

@@ -11,7 +11,7 @@ use layout::{get, get_u16, get_u32, get_u64, get_u8, put, put_u16, put_u32, put_
 pub const HANDLE_SIZE: usize = layout::handle::SIZE;
 const HANDLE_MAGIC: u32 = 0x5256_4e54; // "RVNT"
 /// Bumped whenever a wire format changes: ranks must run one rivet build.
-pub const PROTO_VERSION: u8 = 4;
+pub const PROTO_VERSION: u8 = 5;
 /// Requests NCCL keeps in flight per comm at most (NCCL_NET_MAX_REQUESTS, checked against the
 /// ABI's constant in `abi::types`): what the request slots of every transport are sized for.
 pub const NCCL_INFLIGHT: usize = 32;
@@ -123,6 +123,9 @@ pub struct Handle {
     /// Random per listen call: a connection that presents another value is rejected.
     pub magic: u64,
     pub addr: SocketAddr,
+    /// Members of the listening device (1, or the ports of a fused one): the connector makes a
+    /// queue pair for each, and CTS entries carry a key per member.
+    pub members: u8,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,6 +133,7 @@ pub enum HandleError {
     NotRivet(u32),
     Version(u8),
     Family(u8),
+    Members(u8),
 }
 
 impl std::fmt::Display for HandleError {
@@ -144,6 +148,7 @@ impl std::fmt::Display for HandleError {
                 "the handle has protocol version {v} but this rivet speaks {PROTO_VERSION}: run the same rivet build on every rank"
             ),
             HandleError::Family(x) => write!(f, "the handle has an unknown address family {x}"),
+            HandleError::Members(x) => write!(f, "the handle names a device of {x} members (at most {} fuse)", crate::transport::verbs::fuse::MAX_MEMBERS),
         }
     }
 }
@@ -169,6 +174,7 @@ impl Handle {
             }
         }
         put(out, ADDR, &addr);
+        put_u8(out, MEMBERS, self.members);
     }
 
     pub fn decode(b: &[u8; HANDLE_SIZE]) -> Result<Handle, HandleError> {
@@ -187,7 +193,11 @@ impl Handle {
             6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(a).unwrap())),
             x => return Err(HandleError::Family(x)),
         };
-        Ok(Handle { transport: get_u8(b, TRANSPORT), magic: get_u64(b, LISTEN_MAGIC), addr: SocketAddr::new(ip, get_u16(b, PORT)) })
+        let members = get_u8(b, MEMBERS).max(1);
+        if members as usize > crate::transport::verbs::fuse::MAX_MEMBERS {
+            return Err(HandleError::Members(members));
+        }
+        Ok(Handle { transport: get_u8(b, TRANSPORT), magic: get_u64(b, LISTEN_MAGIC), addr: SocketAddr::new(ip, get_u16(b, PORT)), members })
     }
 }
 
@@ -348,7 +358,7 @@ mod tests {
     #[test]
     fn handle_roundtrip_and_stage() {
         for addr in ["127.0.0.1:4242", "[fd00::2]:65535"] {
-            let h = Handle { transport: TRANSPORT_SOCKET, magic: 0xdead_beef_1234, addr: addr.parse().unwrap() };
+            let h = Handle { transport: TRANSPORT_SOCKET, magic: 0xdead_beef_1234, addr: addr.parse().unwrap(), members: 1 };
             let mut b = [0xffu8; HANDLE_SIZE];
             h.encode(&mut b);
             assert_eq!(stage_get(&b), (0, 0), "a fresh handle has no connect stage");
@@ -362,13 +372,18 @@ mod tests {
     fn handle_rejects_foreign_bytes() {
         let mut b = [0u8; HANDLE_SIZE];
         assert!(matches!(Handle::decode(&b), Err(HandleError::NotRivet(0))));
-        let h = Handle { transport: 1, magic: 5, addr: "1.2.3.4:5".parse().unwrap() };
+        let h = Handle { transport: 1, magic: 5, addr: "1.2.3.4:5".parse().unwrap(), members: 3 };
         h.encode(&mut b);
         b[4] = 9;
         assert_eq!(Handle::decode(&b), Err(HandleError::Version(9)));
         h.encode(&mut b);
         b[6] = 5;
         assert_eq!(Handle::decode(&b), Err(HandleError::Family(5)));
+        h.encode(&mut b);
+        b[layout::handle::MEMBERS.off] = 9;
+        assert_eq!(Handle::decode(&b), Err(HandleError::Members(9)));
+        b[layout::handle::MEMBERS.off] = 0;
+        assert_eq!(Handle::decode(&b).unwrap().members, 1, "0 (a physical device before protocol 5) means one member");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use super::layout::{self, get, get_u16, get_u32, get_u64, get_u8, put, put_u16, put_u32, put_u64, put_u8};
 use super::PROTO_VERSION;
+use crate::transport::verbs::fuse::MAX_MEMBERS;
 
 pub const META_SIZE: usize = layout::meta::SIZE;
 const META_MAGIC: u32 = 0x5256_564d; // "RVVM"
@@ -38,6 +39,36 @@ pub struct Meta {
     pub ring_slots: u16,
     /// Largest message sent eagerly (the ring slot holds it after an [`EagerHdr`]).
     pub eager_max: u32,
+    /// Members 1.. of a fused device (the fields above describe member 0).
+    pub extra: Vec<MemberMeta>,
+}
+
+/// What a connection needs of each further member of a fused device: its address, and the keys of
+/// the peer-written memory (`fifo_rkey`, `ring_rkey` as in [`Meta`]) registered there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemberMeta {
+    pub gid: [u8; 16],
+    pub lid: u16,
+    pub port: u8,
+    /// `ibv_mtu` enum.
+    pub mtu: u8,
+    pub fifo_rkey: u32,
+    pub ring_rkey: u32,
+}
+
+impl Meta {
+    /// Members of the side that sent this (at least 1).
+    pub fn members(&self) -> usize {
+        1 + self.extra.len()
+    }
+    /// Member `m`'s address and keys.
+    pub fn member(&self, m: usize) -> MemberMeta {
+        if m == 0 {
+            MemberMeta { gid: self.gid, lid: self.lid, port: self.port, mtu: self.mtu, fifo_rkey: self.fifo_rkey, ring_rkey: self.ring_rkey }
+        } else {
+            self.extra[m - 1]
+        }
+    }
 }
 
 /// Most eager ring slots and largest eager message a peer may announce.
@@ -93,6 +124,17 @@ impl Meta {
         put_u64(&mut b, RING_ADDR, self.ring_addr);
         put_u32(&mut b, EAGER_MAX, self.eager_max);
         put_u16(&mut b, RING_SLOTS, self.ring_slots);
+        let extra = &self.extra[..self.extra.len().min(MAX_MEMBERS - 1)];
+        put_u8(&mut b, MEMBERS, 1 + extra.len() as u8);
+        for (i, x) in extra.iter().enumerate() {
+            let at = |fl| member::at(i + 1, fl);
+            put(&mut b, at(member::GID), &x.gid);
+            put_u16(&mut b, at(member::LID), x.lid);
+            put_u8(&mut b, at(member::PORT), x.port);
+            put_u8(&mut b, at(member::MTU), x.mtu);
+            put_u32(&mut b, at(member::FIFO_RKEY), x.fifo_rkey);
+            put_u32(&mut b, at(member::RING_RKEY), x.ring_rkey);
+        }
         b
     }
 
@@ -136,6 +178,26 @@ impl Meta {
         if eager_max > MAX_EAGER {
             return Err(MetaError::Field("eager limit", eager_max as u64));
         }
+        let members = get_u8(b, MEMBERS);
+        if members == 0 || members as usize > MAX_MEMBERS {
+            return Err(MetaError::Field("member count", members as u64));
+        }
+        let mut extra = Vec::with_capacity(members as usize - 1);
+        for m in 1..members as usize {
+            let at = |fl| member::at(m, fl);
+            let mtu = get_u8(b, at(member::MTU));
+            if !(1..=5).contains(&mtu) {
+                return Err(MetaError::Field("member MTU", mtu as u64));
+            }
+            extra.push(MemberMeta {
+                gid: get(b, at(member::GID)).try_into().unwrap(),
+                lid: get_u16(b, at(member::LID)),
+                port: get_u8(b, at(member::PORT)),
+                mtu,
+                fifo_rkey: get_u32(b, at(member::FIFO_RKEY)),
+                ring_rkey: get_u32(b, at(member::RING_RKEY)),
+            });
+        }
         Ok(Meta {
             nqps,
             link_layer,
@@ -153,6 +215,7 @@ impl Meta {
             ring_rkey: get_u32(b, RING_RKEY),
             ring_slots,
             eager_max,
+            extra,
         })
     }
 }
@@ -295,6 +358,29 @@ pub const FIFO_DEPTH: usize = 64;
 const _: () = assert!(FIFO_DEPTH >= 2 * crate::proto::NCCL_INFLIGHT);
 /// Bytes of the CTS FIFO; the sender's credit word (u64, written by the receiver) follows it.
 pub const FIFO_BYTES: usize = FIFO_DEPTH * 8 * 32;
+
+/// Bytes of one CTS entry in the FIFO of a connection whose receiver has `members` members: the
+/// 32-byte [`Cts`], after (for a fused receiver) a [`CtsKeys`] block with the buffer's rkey on
+/// each member, placed before the entry's stamp.
+pub const fn cts_stride(members: usize) -> usize {
+    if members > 1 {
+        64
+    } else {
+        32
+    }
+}
+
+/// Bytes of the CTS FIFO for a receiver of `members` members (the credit word follows).
+pub const fn fifo_bytes(members: usize) -> usize {
+    FIFO_DEPTH * MAX_GROUP * cts_stride(members)
+}
+
+/// A fused receiver's keys for one receive buffer: its rkey on each member (0..8), in the 32
+/// bytes before the buffer's CTS entry.
+#[repr(C, align(32))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CtsKeys(pub [u32; MAX_MEMBERS]);
+const _: () = assert!(std::mem::size_of::<CtsKeys>() == 32 && fifo_bytes(1) == FIFO_BYTES);
 /// Bytes of the sizes FIFO entry (one u64 per buffer of a grouped receive).
 pub const SIZES_ENTRY: usize = 8 * 8;
 /// Alignment of the pieces a message is split into across QPs (LL128 needs 128-byte units).
@@ -329,6 +415,7 @@ mod tests {
             ring_rkey: 0x1234,
             ring_slots: 32,
             eager_max: 8192,
+            extra: Vec::new(),
         }
     }
 
@@ -336,6 +423,13 @@ mod tests {
     fn meta_roundtrip() {
         let m = meta();
         assert_eq!(Meta::decode(&m.encode()).unwrap(), m);
+        assert_eq!(m.members(), 1);
+        // A fused device's further members, each with its own address and keys.
+        let mut f = meta();
+        f.extra = (1..8).map(|i| MemberMeta { gid: [i; 16], lid: i as u16, port: 1, mtu: 4, fifo_rkey: 100 + i as u32, ring_rkey: 200 + i as u32 }).collect();
+        let d = Meta::decode(&f.encode()).unwrap();
+        assert_eq!(d, f);
+        assert_eq!((d.members(), d.member(0).fifo_rkey, d.member(3).ring_rkey, d.member(7).gid), (8, 0xabcd, 203, [7; 16]));
     }
 
     #[test]
@@ -358,6 +452,14 @@ mod tests {
         let mut m = meta();
         m.ring_slots = 5000;
         assert!(matches!(Meta::decode(&m.encode()), Err(MetaError::Field("eager ring size", 5000))));
+        let mut b = meta().encode();
+        b[layout::meta::MEMBERS.off] = 9;
+        assert!(matches!(Meta::decode(&b), Err(MetaError::Field("member count", 9))));
+        b[layout::meta::MEMBERS.off] = 0;
+        assert!(matches!(Meta::decode(&b), Err(MetaError::Field("member count", 0))));
+        let mut m = meta();
+        m.extra = vec![MemberMeta { mtu: 0, ..Default::default() }];
+        assert!(matches!(Meta::decode(&m.encode()), Err(MetaError::Field("member MTU", 0))));
     }
 
     #[test]

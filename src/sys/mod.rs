@@ -6,3 +6,4 @@
 #[path = "verbs_bindings.rs"]
 pub mod ib;
 pub mod verbs;
+pub mod clock;

@@ -28,6 +28,10 @@ pub struct DevInfo {
     /// The IP interface connection setup runs over (the device itself, for TCP).
     pub iface: String,
     pub addr: std::net::IpAddr,
+    /// Rail and plane (ncclNet v12's railId / planeId; -1 when undefined): from NCCL_IB_HCA's
+    /// `dev:port:rail:plane` entries, merged for a fused device.
+    pub rail: i16,
+    pub plane: i16,
 }
 
 /// The buffer kinds a device takes besides host memory (`ptrSupport`).
@@ -90,6 +94,8 @@ pub trait Transport: Send + Sync {
     }
     /// What a staged comm registers its bounce buffers with.
     fn registrar(&'static self, send: bool) -> Box<dyn Registrar>;
+    /// The device as `Any`, for NIC fusion (which takes RDMA devices only).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// A listening comm's transport side.
@@ -126,6 +132,10 @@ pub struct MrInfo {
     pub len: usize,
     pub lkey: u32,
     pub rkey: u32,
+    /// On a fused device, the keys (lkey, rkey) on members 1.. (`lkey`/`rkey` are member 0's).
+    pub more_keys: [(u32, u32); verbs::fuse::MAX_MEMBERS - 1],
+    /// Members the keys cover (0 and 1 both mean a physical device's one).
+    pub members: u8,
     /// IBV_ACCESS_* flags the registration has (0 for TCP).
     pub access: u32,
     /// Identity of the RDMA device the keys belong to (0 for TCP).
@@ -149,6 +159,25 @@ pub enum Path {
 }
 
 impl MrInfo {
+    /// The keys (lkey, rkey) on member `m` of the device the registration was made on.
+    pub fn keys(&self, m: usize) -> (u32, u32) {
+        if m == 0 {
+            (self.lkey, self.rkey)
+        } else {
+            self.more_keys.get(m - 1).copied().unwrap_or((0, 0))
+        }
+    }
+    pub fn lkey_on(&self, m: usize) -> u32 {
+        self.keys(m).0
+    }
+    pub fn rkey_on(&self, m: usize) -> u32 {
+        self.keys(m).1
+    }
+    /// Members with keys (at least 1).
+    pub fn nmembers(&self) -> usize {
+        (self.members as usize).max(1)
+    }
+
     pub fn covers(&self, ptr: usize, size: usize) -> bool {
         ptr >= self.addr && ptr.checked_add(size).is_some_and(|end| end <= self.addr + self.len)
     }

@@ -2,10 +2,11 @@
 # What connections cost and how latency holds, in the guest (run by ci/bench_comms.py at MTU
 # 9000): ROUNDS rounds of `rivet perf --dev 0,1 --comms LIST --sizes 1M` through each plugin in
 # the share: rivet, then the peers that are there (peers/libnccl-net-rdma-sharp.so, NCCL's IB
-# transport from nccl-rdma-sharp-plugins; peers/libnccl-net-ofi.so, aws-ofi-nccl over libfabric's
+# transport from nccl-rdma-sharp-plugins, and peers/libnccl-net-rdma-sharp-32.so, the same built
+# with NCCL_NET_MAX_REQUESTS 32; peers/libnccl-net-ofi.so, aws-ofi-nccl over libfabric's
 # verbs provider), with the settings ../shared/peers/README.md gives for Soft-RoCE. Rank 0 is on
 # rxe0, rank 1 on rxe1. The plugins take turns going first. Output: each plugin's lines prefixed
-# with its name (rivet, nccl-ib, ofi), and ROUND lines.
+# with its name (rivet, nccl-ib, nccl-ib-32, ofi), and ROUND lines.
 # Usage: comms.sh ROUNDS LIST BYTES LAT_ITERS [hog|hog:NICE]
 #   hog: one busy loop per vCPU at nice 19 (hog:NICE at that niceness) for the whole run
 . /guest/lib.sh
@@ -19,6 +20,7 @@ case "${5:-}" in
 esac
 plugins=rivet
 [ -f peers/libnccl-net-rdma-sharp.so ] && plugins="$plugins nccl-ib"
+[ -f peers/libnccl-net-rdma-sharp-32.so ] && plugins="$plugins nccl-ib-32"
 if [ -f peers/libnccl-net-ofi.so ]; then
   plugins="$plugins ofi"
   # aws-ofi-nccl will not start without an up interface whose name does not start with veth (or
@@ -38,6 +40,8 @@ one() {
     rivet) set -- env /mnt/host/rivet perf --lib /mnt/host/libnccl-net-rivet.so ;;
     nccl-ib) set -- env LD_LIBRARY_PATH=$PL NCCL_IB_GID_INDEX=$G NCCL_SOCKET_IFNAME=veth0 \
                /mnt/host/rivet perf --lib /mnt/host/peers/libnccl-net-rdma-sharp.so ;;
+    nccl-ib-32) set -- env LD_LIBRARY_PATH=$PL NCCL_IB_GID_INDEX=$G NCCL_SOCKET_IFNAME=veth0 \
+               /mnt/host/rivet perf --lib /mnt/host/peers/libnccl-net-rdma-sharp-32.so ;;
     ofi) set -- env LD_LIBRARY_PATH=$PL:/mnt/host/peers/ofi-shim NCCL_SOCKET_IFNAME=veth0 \
            FI_PROVIDER=ofi_rxm,verbs FI_VERBS_IFACE=veth0 OFI_NCCL_PROTOCOL=SENDRECV FI_UNIVERSE_SIZE=16 \
            /mnt/host/rivet perf --lib /mnt/host/peers/libnccl-net-ofi.so ;;

@@ -77,3 +77,44 @@ start_hogs() {
     _i=$((_i + 1))
   done
 }
+
+# second_pair: a second wire, veth2 10.0.1.1 <-> veth3 10.0.1.2 (the same policy routing as
+# /init's veth0/veth1, so that traffic crosses it), with rxe2 on veth2 and rxe3 on veth3: two
+# NICs per side (rxe0+rxe2 against rxe1+rxe3) for NIC fusion. Sets RXE2_GID_INDEX and
+# RXE3_GID_INDEX; returns 1 when the devices do not come up within 10 s.
+second_pair() {
+  _ip=/usr/bin/ip
+  $_ip link add veth2 address 02:00:00:00:01:01 mtu "${RIVET_VM_MTU:-1500}" type veth \
+    peer name veth3 address 02:00:00:00:01:02 mtu "${RIVET_VM_MTU:-1500}" || return 1
+  $_ip addr add 10.0.1.1/24 dev veth2
+  $_ip addr add 10.0.1.2/24 dev veth3
+  for _i in veth2 veth3; do
+    echo 1 > /proc/sys/net/ipv4/conf/$_i/accept_local
+    echo 0 > /proc/sys/net/ipv4/conf/$_i/rp_filter
+  done
+  $_ip link set veth2 up
+  $_ip link set veth3 up
+  $_ip rule add pref 12 to 10.0.1.2 iif lo lookup 102
+  $_ip route add 10.0.1.2 dev veth2 src 10.0.1.1 table 102
+  $_ip rule add pref 13 to 10.0.1.1 iif lo lookup 103
+  $_ip route add 10.0.1.1 dev veth3 src 10.0.1.2 table 103
+  $_ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev veth2 nud permanent
+  $_ip neigh replace 10.0.1.1 lladdr 02:00:00:00:01:01 dev veth3 nud permanent
+  /usr/bin/rdma link add rxe2 type rxe netdev veth2 || return 1
+  /usr/bin/rdma link add rxe3 type rxe netdev veth3 || return 1
+  _n=0
+  while [ $_n -lt 100 ]; do
+    _s2=; _s3=
+    read -r _s2 < /sys/class/infiniband/rxe2/ports/1/state
+    read -r _s3 < /sys/class/infiniband/rxe3/ports/1/state
+    case "$_s2$_s3" in
+      *ACTIVE*ACTIVE*)
+        if roce_v2_gid rxe2 0a00:0101; then
+          RXE2_GID_INDEX=$GID_INDEX
+          roce_v2_gid rxe3 0a00:0102 && { RXE3_GID_INDEX=$GID_INDEX; return 0; }
+        fi ;;
+    esac
+    sleep 0.1; _n=$((_n + 1))
+  done
+  return 1
+}

@@ -105,6 +105,27 @@ step faults ./faults --test-threads=1 \
 step allreduce ./rivet allreduce -n 4 --lib $LIB -b 8 -e 4M -f 8 --iters 3 --warmup 1
 # The soak over verbs (rxe0 <-> rxe1), host then staged buffers: every byte checked, no growth.
 step soak ./rivet soak --lib $LIB --dev 0,1 --minutes ${RIVET_SOAK_MINUTES:-3} --max-size 4M
+# NIC fusion: a second wire, and each rank a virtual NIC of two ports, rxe0+rxe2 (devices 0, 2)
+# against rxe1+rxe3 (1, 3). Every ABI version with makeVDevice runs the conformance cases on it;
+# rivet perf with RIVET_STATS=1 must show the bulk sender's (rank 0's) bytes on both of its
+# members, and rank 1's 8-byte answers on its first member only (small messages stay on one).
+wire2() {
+  . /mnt/host/lib.sh && second_pair || { echo "rxe2/rxe3 did not come up"; return 1; }
+  ./rivet info --lib $LIB 2>&1 | grep -E "rxe[0-3]"
+}
+step second-wire wire2
+for api in 9 10 11 12; do
+  step "fused-conformance-v$api" ./conformance --lib $LIB --api $api --fuse 0,2 --fuse2 1,3
+done
+step fused-conformance-v12-eager0-4qp env RIVET_IB_EAGER_MAX=0 NCCL_IB_QPS_PER_CONNECTION=2 ./conformance --lib $LIB --api 12 --fuse 0,2 --fuse2 1,3
+fused_perf() {
+  RIVET_STATS=1 NCCL_DEBUG=INFO ./rivet perf --lib $LIB --dev 0+2,1+3 --sizes 64K,4M --bytes 32M --lat-iters 100 > /tmp/fp.log 2>&1 || { cat /tmp/fp.log; return 1; }
+  grep -E "^#|^ +[0-9]|made virtual device|striped" /tmp/fp.log | sort | uniq -c | sort -rn | head -20
+  grep "bytes sent per member" /tmp/fp.log | head -4
+  grep -qE "bytes sent per member: rxe0:1 [1-9][0-9]*, rxe2:1 [1-9]" /tmp/fp.log || { echo "no stats line shows bytes on both of rank 0's members"; return 1; }
+  grep -qE "bytes sent per member: rxe1:1 [1-9][0-9]*, rxe3:1 0$" /tmp/fp.log || { echo "rank 1's small answers did not stay on its first member"; return 1; }
+}
+step fused-perf fused_perf
 # Last, because it takes the wire down: the link fails mid-transfer. rivet perf must fail within
 # a bounded time (no hang), and the WARNs must say the port went down (the PORT_ERR asynchronous
 # event, or the port's state when the event has not arrived yet).

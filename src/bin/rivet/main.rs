@@ -73,15 +73,28 @@ pub struct LibOpt {
 pub struct Common {
     #[command(flatten)]
     pub lib: LibOpt,
-    /// Device of each rank: rank r uses the (r mod n)-th of the list (see `rivet info`)
-    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "0")]
-    pub dev: Vec<u16>,
+    /// Device of each rank: rank r uses the (r mod n)-th of the list (see `rivet info`); "0+2" is
+    /// a virtual NIC each rank makes of devices 0 and 2 (makeVDevice, NIC fusion)
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "0", value_parser = parse_dev)]
+    pub dev: Vec<Vec<i32>>,
+}
+
+/// "3", or "0+2" (members of a virtual NIC).
+fn parse_dev(s: &str) -> Result<Vec<i32>, String> {
+    let d: Vec<i32> = s
+        .split('+')
+        .map(|x| x.trim().parse::<u16>().map(i32::from).map_err(|_| format!("{s}: a device is a number, or numbers joined by + (a virtual NIC)")))
+        .collect::<Result<_, _>>()?;
+    if d.len() > 8 {
+        return Err(format!("{s}: a virtual NIC has at most 8 members"));
+    }
+    Ok(d)
 }
 
 impl Common {
-    /// `--dev` as the plugin numbers devices.
-    pub fn devs(&self) -> Vec<i32> {
-        self.dev.iter().map(|&d| d as i32).collect()
+    /// `--dev` as the plugin numbers devices (several: a virtual NIC of them).
+    pub fn devs(&self) -> Vec<Vec<i32>> {
+        self.dev.clone()
     }
 }
 

@@ -171,6 +171,14 @@ impl Net {
         Ok(n)
     }
 
+    /// `makeVDevice`: a virtual NIC fusing `devs`, its device index.
+    pub fn make_vdevice(&self, devs: &[i32]) -> Res<i32> {
+        // SAFETY: see `load`.
+        let (r, d) = unsafe { self.t.make_vdevice.call(devs)? };
+        check("makeVDevice", r)?;
+        Ok(d)
+    }
+
     pub fn props(&self, dev: i32) -> Res<Props> {
         // SAFETY: see `load`.
         let (r, p) = unsafe { self.t.props.get(dev) };

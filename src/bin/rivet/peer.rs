@@ -149,18 +149,20 @@ impl Ring {
     /// Join as `rank`, using device `devs[rank % devs.len()]`. With `describe`, the rank first
     /// sends the launcher its line for nccl-tests' `# Using devices` list, which the launcher
     /// prints in rank order once every rank has joined.
-    pub fn join(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[i32], describe: bool) -> Res<Ring> {
+    pub fn join(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[Vec<i32>], describe: bool) -> Res<Ring> {
         Self::join_with(Net::load(lib)?, rank, nranks, devs, describe, 1)
     }
 
     /// As [`Ring::join`], with the plugin already loaded (and initialized), and `comms` pairs of
     /// comms (each its own listen, connect and accept, as NCCL makes one per peer and channel).
-    pub fn join_with(net: Net, rank: usize, nranks: usize, devs: &[i32], describe: bool, comms: usize) -> Res<Ring> {
+    pub fn join_with(net: Net, rank: usize, nranks: usize, devs: &[Vec<i32>], describe: bool, comms: usize) -> Res<Ring> {
         let ndev = net.ndev()?;
-        let dev = devs.get(rank % devs.len().max(1)).copied().unwrap_or(0);
-        if dev >= ndev {
-            return Err(format!("device {dev} does not exist: the plugin reports {ndev} device(s) (see `rivet info`)"));
+        let spec = devs.get(rank % devs.len().max(1)).cloned().unwrap_or_else(|| vec![0]);
+        if let Some(&d) = spec.iter().find(|&&d| d >= ndev) {
+            return Err(format!("device {d} does not exist: the plugin reports {ndev} device(s) (see `rivet info`)"));
         }
+        // Several: a virtual NIC of them, made as NCCL makes one (once, before any comm).
+        let dev = if let [d] = spec[..] { d } else { net.make_vdevice(&spec).map_err(|e| format!("fusing devices {spec:?}: {e}"))? };
         let mut handles = Vec::with_capacity(comms);
         let mut lcs = Vec::with_capacity(comms);
         let close_listens = |net: &Net, lcs: &[*mut std::ffi::c_void]| lcs.iter().for_each(|&lc| net.close_listen(lc));
@@ -279,7 +281,9 @@ impl Ring {
     /// Test every request until all are done.
     pub fn wait_all(&self, reqs: &[*mut std::ffi::c_void]) -> Res<()> {
         let mut done = vec![false; reqs.len()];
-        let deadline = Instant::now() + self.net.timeout;
+        // Set at the first long idle stretch: a clock read can be a system call (see the
+        // plugin's sys::clock), and most waits end long before.
+        let mut deadline = None;
         let mut idle = 0u32;
         while done.iter().any(|d| !d) {
             idle += 1;
@@ -292,7 +296,7 @@ impl Ring {
             if self.yield_when_idle && idle > 64 {
                 std::thread::yield_now();
             }
-            if idle % 1024 == 1023 && Instant::now() > deadline {
+            if idle % 1024 == 1023 && Instant::now() > *deadline.get_or_insert_with(|| Instant::now() + self.net.timeout) {
                 return Err("transfer did not complete within the timeout".into());
             }
         }

@@ -89,6 +89,50 @@ pub struct Table {
     pub close_listen: CloseFn,
     /// v11+: the context from init is finalized.
     pub finalize: Option<CloseFn>,
+    /// v9+: NIC fusion (None: the version has none, or the plugin leaves it NULL).
+    pub make_vdevice: MakeVDevice,
+}
+
+/// `makeVDevice` by the vProps layout of its version.
+#[derive(Clone, Copy)]
+pub enum MakeVDevice {
+    None,
+    /// v9-v11: 4 devices.
+    V9(unsafe extern "C" fn(*mut c_int, *mut ncclNetVDeviceProps_v9_t) -> ncclResult_t),
+    /// v12: 8 devices.
+    V12(unsafe extern "C" fn(*mut c_int, *mut ncclNetVDeviceProps_v12_t) -> ncclResult_t),
+}
+
+impl MakeVDevice {
+    /// Make a virtual NIC of `devs`; its index.
+    ///
+    /// # Safety
+    /// The function is the plugin's makeVDevice of its version, the plugin initialized.
+    pub unsafe fn call(self, devs: &[i32]) -> Res<(ncclResult_t, c_int)> {
+        let mut d: c_int = -1;
+        let r = match self {
+            MakeVDevice::None => return Err("the plugin has no makeVDevice (NIC fusion needs ncclNet v9+)".into()),
+            MakeVDevice::V9(f) => {
+                if devs.len() > 4 {
+                    return Err(format!("{} devices in one virtual NIC: ncclNet v9-v11 carry at most 4", devs.len()));
+                }
+                let mut p = ncclNetVDeviceProps_v9_t { ndevs: devs.len() as c_int, devs: [0; 4] };
+                p.devs[..devs.len()].copy_from_slice(devs);
+                // SAFETY: the caller's promise; `d` and `p` are live locals.
+                unsafe { f(&mut d, &mut p) }
+            }
+            MakeVDevice::V12(f) => {
+                if devs.len() > 8 {
+                    return Err(format!("{} devices in one virtual NIC: ncclNet v12 carries at most 8", devs.len()));
+                }
+                let mut p = ncclNetVDeviceProps_v12_t { ndevs: devs.len() as c_int, devs: [0; 8] };
+                p.devs[..devs.len()].copy_from_slice(devs);
+                // SAFETY: as above.
+                unsafe { f(&mut d, &mut p) }
+            }
+        };
+        Ok((r, d))
+    }
 }
 
 fn req<T>(f: Option<T>, name: &str, v: u32) -> Res<T> {
@@ -205,10 +249,11 @@ unsafe fn read(p: *const c_void, v: u32) -> Res<Table> {
                 close_recv: req(t.closeRecv, "closeRecv", v)?,
                 close_listen: req(t.closeListen, "closeListen", v)?,
                 finalize: $fin(t),
+                make_vdevice: MakeVDevice::None,
             }
         }};
     }
-    Ok(match v {
+    let mut t = match v {
         // SAFETY: the caller's promise: `p` is a live ncclNet_v6_t.
         6 => common!(unsafe { &*(p as *const ncclNet_v6_t) }, Init::Plain, Props::V6, Listen::Plain, Connect::V6, Accept::V6, RegMr::Int, Isend::Int, Irecv::Int, |_| None),
         // SAFETY: the caller's promise: `p` is a live ncclNet_v7_t.
@@ -223,7 +268,19 @@ unsafe fn read(p: *const c_void, v: u32) -> Res<Table> {
         11 => common!(unsafe { &*(p as *const ncclNet_v11_t) }, Init::Ctx, Props::V11, Listen::Ctx, Connect::Ctx, Accept::Dev, RegMr::Size, Isend::Phandle, Irecv::Phandle, |t: &ncclNet_v11_t| t.finalize),
         // SAFETY: the caller's promise: `p` is a live ncclNet_v12_t.
         _ => common!(unsafe { &*(p as *const ncclNet_v12_t) }, Init::Ctx, Props::V12, Listen::Ctx, Connect::Ctx, Accept::Dev, RegMr::Size, Isend::Phandle, Irecv::Phandle, |t: &ncclNet_v12_t| t.finalize),
-    })
+    };
+    // SAFETY: the caller's promise: `p` is a live table of version `v`, read as its type
+    // (v10 and v11's vProps are v9's type).
+    t.make_vdevice = unsafe {
+        match v {
+            9 => (*(p as *const ncclNet_v9_t)).makeVDevice.map_or(MakeVDevice::None, MakeVDevice::V9),
+            10 => (*(p as *const ncclNet_v10_t)).makeVDevice.map_or(MakeVDevice::None, MakeVDevice::V9),
+            11 => (*(p as *const ncclNet_v11_t)).makeVDevice.map_or(MakeVDevice::None, MakeVDevice::V9),
+            12 => (*(p as *const ncclNet_v12_t)).makeVDevice.map_or(MakeVDevice::None, MakeVDevice::V12),
+            _ => MakeVDevice::None,
+        }
+    };
+    Ok(t)
 }
 
 /// A version's properties in the v12 layout (fields the version lacks: 0, not reported).

@@ -28,6 +28,8 @@ impl TcpDevice {
             max_comms: 65536,
             iface: iface.name.clone(),
             addr: iface.addr,
+            rail: -1,
+            plane: -1,
         };
         TcpDevice { info, iface }
     }
@@ -100,5 +102,9 @@ impl Transport for TcpDevice {
 
     fn registrar(&'static self, _send: bool) -> Box<dyn Registrar> {
         Box::new(NoRegistration)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

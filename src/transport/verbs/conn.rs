@@ -38,6 +38,8 @@ const EOF_GRACE: Duration = Duration::from_millis(500);
 /// `ip link set down` can take hundreds of milliseconds to get there.
 const CAUSE_WAIT: Duration = Duration::from_millis(1500);
 const LIVENESS_EVERY: Duration = Duration::from_millis(10);
+/// How often an idle comm looks at its peer's out-of-band socket (a system call per comm).
+const PEER_EVERY: Duration = Duration::from_millis(100);
 /// Idle calls between two looks at the clock.
 const IDLE_CALLS: u32 = 64;
 
@@ -206,60 +208,91 @@ impl SqBook {
 
 /// State shared by both directions: the peer, its out-of-band socket, the death certificate.
 pub struct Common {
+    /// Member 0 of the device (its only port, for a physical one): what messages name.
     pub port: &'static IbPort,
-    /// Our QPNs, for matching asynchronous QP events.
-    qpns: [u32; crate::proto::verbs::MAX_QPS + 1],
+    /// Every member of the device; queue pair `q` is on member `q % ports.len()`.
+    pub ports: &'static [&'static IbPort],
+    /// Our QPNs and the member each is on, for matching asynchronous QP events.
+    qpns: [u32; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS],
+    qp_member: [u8; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS],
     nqpns: usize,
     pub peer: SocketAddr,
     pub oob: OwnedFd,
     dead: Option<Error>,
-    eof_since: Option<Instant>,
-    last_check: Instant,
+    /// When the peer's socket was found closed, on the coarse clock (ms).
+    eof_since: Option<u64>,
+    /// When liveness, and the peer's socket, were last checked, on the coarse clock (ms).
+    last_check: u64,
+    peer_checked: u64,
     idle_calls: u32,
     pub(super) wc: [ibv_wc; POLL_BATCH],
+    /// The member whose CQ each of `wc` came from (QPNs are per device: two members may have the
+    /// same).
+    pub(super) wc_member: [u8; POLL_BATCH],
     /// Posts that waited for room (a send queue full, or too few receives posted): reported
     /// at close with RIVET_STATS=1.
     pub(super) waits: u64,
+    /// Bytes posted on each member's queue pairs (data writes; a fused device's striping),
+    /// reported at close with RIVET_STATS=1.
+    pub(super) member_bytes: [u64; super::fuse::MAX_MEMBERS],
 }
 
 impl Drop for Common {
     fn drop(&mut self) {
-        if self.waits > 0 && crate::config::get().stats {
+        if !crate::config::get().stats {
+            return;
+        }
+        if self.waits > 0 {
             log::info!(
                 "NET/rivet: stats {}: {} post(s) waited for room in a send queue or for posted receives",
                 self.where_(self.qpns[0]),
                 self.waits
             );
         }
+        if self.ports.len() > 1 && self.member_bytes.iter().any(|&b| b > 0) {
+            let per: Vec<String> = self.ports.iter().zip(&self.member_bytes).map(|(p, b)| format!("{}:{} {b}", p.dev.name, p.port)).collect();
+            log::info!("NET/rivet: stats {}: bytes sent per member: {}", self.where_(self.qpns[0]), per.join(", "));
+        }
     }
 }
 
 impl Common {
-    /// Watch one more queue pair of this comm for asynchronous events (the flush QP, made late).
-    pub(super) fn watch_qp(&mut self, qpn: u32) {
+    /// Watch one more queue pair of this comm, on member `m`, for asynchronous events (a flush
+    /// QP, made late).
+    pub(super) fn watch_qp(&mut self, qpn: u32, m: usize) {
         if self.nqpns < self.qpns.len() {
             self.qpns[self.nqpns] = qpn;
+            self.qp_member[self.nqpns] = m as u8;
             self.nqpns += 1;
         }
     }
 
-    pub fn new(port: &'static IbPort, peer: SocketAddr, oob: OwnedFd, qpns: &[u32]) -> Common {
-        let mut q = [0u32; crate::proto::verbs::MAX_QPS + 1];
+    pub fn new(ports: &'static [&'static IbPort], peer: SocketAddr, oob: OwnedFd, qpns: &[u32]) -> Common {
+        let mut q = [0u32; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS];
+        let mut qm = [0u8; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS];
         let n = qpns.len().min(q.len());
         q[..n].copy_from_slice(&qpns[..n]);
+        for (i, m) in qm.iter_mut().enumerate().take(n) {
+            *m = super::fuse::member_of(i, ports.len()) as u8;
+        }
         Common {
-            port,
+            port: ports[0],
+            ports,
             qpns: q,
+            qp_member: qm,
             nqpns: n,
             peer,
             oob,
             dead: None,
             eof_since: None,
-            last_check: Instant::now(),
+            last_check: crate::sys::clock::coarse_ms(),
+            peer_checked: crate::sys::clock::coarse_ms(),
             idle_calls: 0,
             // SAFETY: ibv_wc is plain C data; all-zero is a valid (empty) completion.
             wc: unsafe { std::mem::zeroed() },
+            wc_member: [0; POLL_BATCH],
             waits: 0,
+            member_bytes: [0; super::fuse::MAX_MEMBERS],
         }
     }
 
@@ -286,8 +319,17 @@ impl Common {
     /// Poll up to a batch of completions into `self.wc`. A failed one kills the comm (flushed
     /// work requests of an already dead comm are only reaped) and has its `wr_id` cleared, so
     /// callers see only successful completions by kind; they call `check` after handling them.
-    pub(super) fn poll(&mut self, cq: &Cq) -> Result<usize> {
-        let n = cq.poll(&mut self.wc)?;
+    /// `cqs` are the members' CQs, in member order.
+    pub(super) fn poll(&mut self, cqs: &[Cq]) -> Result<usize> {
+        let mut n = 0;
+        for (m, cq) in cqs.iter().enumerate() {
+            let k = cq.poll(&mut self.wc[n..])?;
+            self.wc_member[n..n + k].fill(m as u8);
+            n += k;
+            if n == POLL_BATCH {
+                break;
+            }
+        }
         for i in 0..n {
             let wc = self.wc[i];
             if wc.status == IBV_WC_SUCCESS {
@@ -297,14 +339,21 @@ impl Common {
             if wc.status == IBV_WC_WR_FLUSH_ERR && self.dead.is_some() {
                 continue;
             }
-            let e = self.wc_error(&wc);
+            let e = self.wc_error(&wc, self.wc_member[i] as usize);
             self.die(e);
         }
         Ok(n)
     }
 
+    /// "rxe0:1 QPN 17 (peer ...)": the port of the member QPN `qpn` is on (the first with it).
     pub(super) fn where_(&self, qpn: u32) -> String {
-        format!("{}:{} QPN {qpn} (peer {})", self.port.dev.name, self.port.port, self.peer)
+        let m = self.qpns[..self.nqpns].iter().position(|&q| q == qpn).map_or(0, |i| self.qp_member[i] as usize);
+        self.where_on(m, qpn)
+    }
+
+    pub(super) fn where_on(&self, m: usize, qpn: u32) -> String {
+        let p = self.ports.get(m).unwrap_or(&self.port);
+        format!("{}:{} QPN {qpn} (peer {})", p.dev.name, p.port, self.peer)
     }
 
     fn peer_state(&self) -> PeerState {
@@ -334,7 +383,8 @@ impl Common {
     }
 
     /// A failed work completion as an error that says what and why.
-    fn wc_error(&self, wc: &ibv_wc) -> Error {
+    fn wc_error(&self, wc: &ibv_wc, m: usize) -> Error {
+        let port = self.ports.get(m).copied().unwrap_or(self.port);
         let op = match wc.wr_id >> KIND_SHIFT {
             KIND_SEND => "RDMA WRITE of a send",
             KIND_RECV => "receive",
@@ -352,17 +402,17 @@ impl Common {
             _ => Kind::System,
         };
         // What the device said about this QP or its port, if anything.
-        let dev = &self.port.dev;
+        let dev = &port.dev;
         let find_cause = || {
             dev.poll_events();
             if let Some((_, ev)) = dev.qp_event(std::iter::once(wc.qp_num)) {
                 Some(format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev)))
-            } else if dev.port_down(self.port.port) {
-                Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", dev.name, self.port.port))
+            } else if dev.port_down(port.port) {
+                Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", dev.name, port.port))
             } else {
                 // The event may not have been delivered yet: ask the port itself.
-                let state = dev.port_state(self.port.port).filter(|s| *s != "ACTIVE")?;
-                Some(format!("; cause: the port {}:{} is {state}: check the link and the switch", dev.name, self.port.port))
+                let state = dev.port_state(port.port).filter(|s| *s != "ACTIVE")?;
+                Some(format!("; cause: the port {}:{} is {state}: check the link and the switch", dev.name, port.port))
             }
         };
         // A link that just went down can fail the transport's retries before the port's state or
@@ -370,8 +420,8 @@ impl Common {
         // (bounded, and only on this error path) before blaming the peer.
         let link_error = matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR);
         let mut cause = find_cause();
-        let deadline = std::time::Instant::now() + CAUSE_WAIT;
-        while cause.is_none() && link_error && std::time::Instant::now() < deadline {
+        let deadline = Instant::now() + CAUSE_WAIT;
+        while cause.is_none() && link_error && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
             cause = find_cause();
         }
@@ -385,7 +435,7 @@ impl Common {
             kind,
             format!(
                 "{}: {op} failed with {} (vendor error {:#x}): {}{cause}{gone}",
-                self.where_(wc.qp_num),
+                self.where_on(m, wc.qp_num),
                 wc_status_name(wc.status),
                 wc.vendor_err,
                 wc_status_hint(wc.status)
@@ -395,26 +445,33 @@ impl Common {
 
     /// Called when a call made no progress: notices a vanished peer or a fatal device event.
     pub(super) fn idle(&mut self, outstanding: usize) -> Result<()> {
-        // Reading the clock is a system call on hosts without a usable TSC (VMs on HPET): keep
-        // it off the polling path and look only every IDLE_CALLS idle calls.
+        // The coarse clock is no system call on any host (see `sys::clock`); looked at only every
+        // IDLE_CALLS idle calls all the same.
         self.idle_calls = self.idle_calls.wrapping_add(1);
         if self.idle_calls % IDLE_CALLS != 0 {
             return Ok(());
         }
-        let now = Instant::now();
-        if now.duration_since(self.last_check) < LIVENESS_EVERY {
+        let now = crate::sys::clock::coarse_ms();
+        if now.saturating_sub(self.last_check) < LIVENESS_EVERY.as_millis() as u64 {
             return Ok(());
         }
         self.last_check = now;
-        let dev = &self.port.dev;
-        dev.poll_events();
-        if let Err(e) = dev.check_fatal() {
-            return Err(self.die(e));
+        for (m, p) in self.ports.iter().enumerate() {
+            let dev = &p.dev;
+            dev.poll_events_at(now);
+            if let Err(e) = dev.check_fatal() {
+                return Err(self.die(e));
+            }
+            let on_m = (0..self.nqpns).filter(|&i| self.qp_member[i] as usize == m).map(|i| self.qpns[i]);
+            if let Some((qpn, ev)) = dev.qp_event(on_m) {
+                let e = Error::system(format!("{}: asynchronous event {ev}: {}", self.where_on(m, qpn), event_hint(ev)));
+                return Err(self.die(e));
+            }
         }
-        if let Some((qpn, ev)) = dev.qp_event(self.qpns[..self.nqpns].iter().copied()) {
-            let e = Error::system(format!("{}: asynchronous event {ev}: {}", self.where_(qpn), event_hint(ev)));
-            return Err(self.die(e));
+        if now.saturating_sub(self.peer_checked) < PEER_EVERY.as_millis() as u64 {
+            return Ok(());
         }
+        self.peer_checked = now;
         match self.peer_state() {
             PeerState::Alive => return Ok(()),
             PeerState::Mismatch(m) => {
@@ -436,7 +493,7 @@ impl Common {
             PeerState::Gone => {}
         }
         let since = *self.eof_since.get_or_insert(now);
-        if now.duration_since(since) < EOF_GRACE {
+        if now.saturating_sub(since) < EOF_GRACE.as_millis() as u64 {
             return Ok(());
         }
         let e = Error::remote(format!(
@@ -455,13 +512,14 @@ fn event_hint(ev: &str) -> &'static str {
     }
 }
 
-pub(super) fn mr_for(mr: Option<MrInfo>, ptr: usize, size: usize, dev: usize, need: u32, what: &str) -> Result<MrInfo> {
+pub(super) fn mr_for(mr: Option<MrInfo>, ptr: usize, size: usize, dev: usize, members: usize, need: u32, what: &str) -> Result<MrInfo> {
     let Some(m) = mr else {
         return Err(Error::internal(format!("{what} of {size} bytes at {ptr:#x} without a memory handle")));
     };
-    if m.dev != dev {
+    if m.dev != dev || m.nmembers() < members {
         return Err(Error::internal(format!(
-            "{what}: the memory handle was registered on another device (regMr must be called on a comm of the same device)"
+            "{what}: the memory handle was registered on another device (regMr must be called on a comm of the same device; a fused device's comm needs a registration on every member, {} here of {members})",
+            m.nmembers()
         )));
     }
     if !m.covers(ptr, size) {

@@ -39,7 +39,13 @@ pub struct IbDevice {
     ports_down: AtomicU32,
     /// The async event fd is non-blocking, so events can be polled (never waited for).
     watch_events: std::sync::atomic::AtomicBool,
+    /// When the events were last drained from an idle path (coarse clock, ms): every comm of the
+    /// device calls, and once per EVENTS_EVERY is enough for all of them.
+    events_polled: std::sync::atomic::AtomicU64,
 }
+
+/// How often idle comms drain a device's asynchronous events, at most.
+const EVENTS_EVERY_MS: u64 = 10;
 
 // SAFETY: the context and protection domain live for the process (never closed) and libibverbs
 // allows their use from any thread; the mutable state (events seen, bad QPs, ports down) is in
@@ -52,6 +58,19 @@ impl IbDevice {
     /// Drain the device's asynchronous events (its fd is non-blocking). There is no event thread:
     /// the data path calls this when a call makes no progress, so nothing runs in the background
     /// after NCCL closes or dlcloses the plugin (v6-v10 have no finalize to stop a thread).
+    /// `poll_events` from an idle path at coarse time `now_ms`: only if no comm of the device
+    /// did in the last EVENTS_EVERY_MS (a thousand idle comms would otherwise each make the
+    /// system call).
+    pub fn poll_events_at(&self, now_ms: u64) {
+        let last = self.events_polled.load(Ordering::Relaxed);
+        if now_ms.saturating_sub(last) < EVENTS_EVERY_MS
+            || self.events_polled.compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed).is_err()
+        {
+            return;
+        }
+        self.poll_events();
+    }
+
     pub fn poll_events(&self) {
         let Ok(v) = verbs::get() else { return };
         if !self.watch_events.load(Ordering::Relaxed) {
@@ -244,6 +263,12 @@ pub struct IbPort {
     pub gid_index: u32,
     pub gid: [u8; 16],
     pub roce_version: Option<u32>,
+    /// From NCCL_IB_HCA (`dev:port:rail:plane`), -1 when undefined.
+    pub rail: i16,
+    pub plane: i16,
+    /// The plane's index among the distinct planes of the ports found (0: undefined), for a
+    /// fused device's plane mask.
+    pub plane_idx: u8,
 }
 
 impl IbPort {
@@ -388,6 +413,17 @@ pub fn discover(cfg: &Config) -> std::result::Result<Vec<IbPort>, String> {
     for n in notes {
         log::info!("NET/rivet: {n}");
     }
+    // Plane indices: 0 for none, then the distinct planes in device order (as net_ib).
+    let mut planes: Vec<i16> = Vec::new();
+    for p in ports.iter_mut() {
+        if p.plane >= 0 {
+            let i = planes.iter().position(|&x| x == p.plane).unwrap_or_else(|| {
+                planes.push(p.plane);
+                planes.len() - 1
+            });
+            p.plane_idx = (i + 1).min(13) as u8;
+        }
+    }
     Ok(ports)
 }
 
@@ -505,6 +541,7 @@ fn open_device(
         bad_qps: Mutex::new(Vec::new()),
         ports_down: AtomicU32::new(0),
         watch_events: std::sync::atomic::AtomicBool::new(false),
+        events_polled: std::sync::atomic::AtomicU64::new(0),
     });
     // Asynchronous events are polled, never waited for.
     // SAFETY: `ctx` is the non-null ibv_context from ibv_open_device, now held by `dev` and never
@@ -532,6 +569,9 @@ fn open_device(
             gid_index: gi,
             gid,
             roce_version: rv,
+            rail: filter.map_or(-1, |f| f.rail_plane(name, port).0),
+            plane: filter.map_or(-1, |f| f.rail_plane(name, port).1),
+            plane_idx: 0,
         })
         .collect())
 }

@@ -3,7 +3,8 @@
 //! the facts GPUDirect RDMA is decided on.
 
 use super::dev::IbPort;
-use super::reg::{access_for, mr_info_of, verbs_register, verbs_release, VerbsRegistrar};
+use super::fuse::{self, MemberInfo};
+use super::reg::{access_for, members_register, members_release, mr_info_of, verbs_register, verbs_release, VerbsRegistrar};
 use super::Setup;
 use crate::config;
 use crate::error::{Error, Result};
@@ -18,13 +19,18 @@ use std::ffi::CString;
 
 pub struct VerbsDevice {
     info: DevInfo,
-    port: IbPort,
+    /// Its members: one port for a physical device, each member's for a fused one (member 0
+    /// first: what the device reports besides name, speed, rail and plane, as net_ib).
+    ports: &'static [&'static IbPort],
     /// The IP interface connection setup runs over.
     oob: Iface,
 }
 
 impl VerbsDevice {
+    /// A physical device: its port lives for the process, as the device table does.
     pub fn new(port: IbPort, oob: Iface) -> VerbsDevice {
+        let port: &'static IbPort = Box::leak(Box::new(port));
+        let ports: &'static [&'static IbPort] = Box::leak(vec![port].into_boxed_slice());
         let info = DevInfo {
             name: CString::new(port.dev.name.clone()).unwrap_or_default(),
             pci_path: port.dev.pci_path.as_ref().and_then(|s| CString::new(s.as_str()).ok()),
@@ -35,8 +41,43 @@ impl VerbsDevice {
             max_comms: port.dev.max_qp.max(1),
             iface: oob.name.clone(),
             addr: oob.addr,
+            rail: port.rail,
+            plane: port.plane,
         };
-        VerbsDevice { info, port, oob }
+        VerbsDevice { info, ports, oob }
+    }
+
+    /// A fused device of `members` (checked by `fuse::check`): member 0's properties, with
+    /// the name, speed, rail and plane `fuse::fused` makes of all of them.
+    pub fn fused(members: &[&VerbsDevice]) -> VerbsDevice {
+        let ports: &'static [&'static IbPort] = Box::leak(members.iter().map(|m| m.ports[0]).collect::<Vec<_>>().into_boxed_slice());
+        let infos: Vec<MemberInfo> = members.iter().map(|m| m.member_info()).collect();
+        let f = fuse::fused(&infos.iter().collect::<Vec<_>>());
+        let first = &members[0].info;
+        let info = DevInfo { name: CString::new(f.name).unwrap_or_default(), speed: f.speed, rail: f.rail, plane: f.plane, ..first.clone() };
+        VerbsDevice { info, ports, oob: members[0].oob.clone() }
+    }
+
+    /// What NIC fusion needs to know of this (physical) device.
+    pub fn member_info(&self) -> MemberInfo {
+        let p = self.ports[0];
+        MemberInfo {
+            name: self.info.name.to_string_lossy().into_owned(),
+            rdma: true,
+            link_layer: p.link_layer,
+            speed: self.info.speed,
+            rail: p.rail,
+            plane_idx: p.plane_idx,
+            plane: p.plane,
+        }
+    }
+
+    fn port(&self) -> &'static IbPort {
+        self.ports[0]
+    }
+
+    fn name(&self) -> String {
+        self.info.name.to_string_lossy().into_owned()
     }
 
     /// The facts GDR is decided on, for the GPU owning `pi` and this port.
@@ -49,9 +90,9 @@ impl VerbsDevice {
         } else if !gpu_dmabuf {
             Err("the GPU does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0)".to_string())
         } else {
-            self.port.dev.dmabuf.clone()
+            self.port().dev.dmabuf.clone()
         };
-        let (path, gpu_numa, nic_numa) = gdr::locate(topo, &pi.bus_id, &self.port.dev.name);
+        let (path, gpu_numa, nic_numa) = gdr::locate(topo, &pi.bus_id, &self.port().dev.name);
         Ok(gdr::Facts {
             mode: cfg.gdr,
             level: cfg.gdr_level,
@@ -69,7 +110,8 @@ impl VerbsDevice {
 /// A listen comm: the out-of-band listener, and the RDMA setups of connections whose TCP
 /// handshake is done.
 struct VerbsListen {
-    port: &'static IbPort,
+    ports: &'static [&'static IbPort],
+    name: String,
     listener: Listener,
     setups: Vec<Setup>,
 }
@@ -77,7 +119,7 @@ struct VerbsListen {
 impl Listening for VerbsListen {
     fn accept(&mut self) -> Result<Option<Box<dyn Conn>>> {
         while let Some(link) = self.listener.accept()? {
-            self.setups.push(Setup::acceptor(self.port, link));
+            self.setups.push(Setup::acceptor(self.ports, &self.name, link));
         }
         for i in 0..self.setups.len() {
             match self.setups[i].poll() {
@@ -98,7 +140,7 @@ impl Listening for VerbsListen {
 
 /// A connect: the out-of-band TCP connect first, then the RDMA setup over it.
 enum VerbsDial {
-    Tcp { c: Connector, port: &'static IbPort, tc: Option<u8> },
+    Tcp { c: Box<Connector>, ports: &'static [&'static IbPort], name: String, rem_members: usize, tc: Option<u8> },
     Setup(Box<Setup>),
 }
 
@@ -106,10 +148,10 @@ impl Dialing for VerbsDial {
     fn poll(&mut self) -> Result<Option<Box<dyn Conn>>> {
         loop {
             match self {
-                VerbsDial::Tcp { c, port, tc } => match c.poll()? {
+                VerbsDial::Tcp { c, ports, name, rem_members, tc } => match c.poll()? {
                     None => return Ok(None),
                     Some(link) => {
-                        let s = Setup::connector(port, link, *tc)?;
+                        let s = Setup::connector(ports, name, link, *rem_members, *tc)?;
                         *self = VerbsDial::Setup(Box::new(s));
                     }
                 },
@@ -131,26 +173,42 @@ impl Registration for CachedMr {
     }
 }
 
-/// A dma-buf registration: not cached, so owned by one memory handle alone.
+/// A fused device's registration: one through each member's MR cache.
+struct MembersMr {
+    ports: &'static [&'static IbPort],
+    mrs: Vec<usize>,
+}
+
+impl Registration for MembersMr {
+    fn release(self: Box<Self>) -> Result<()> {
+        members_release(self.ports, &self.mrs);
+        Ok(())
+    }
+}
+
+/// Dma-buf registrations (one per member): not cached, so owned by one memory handle alone.
 struct DmaBufMr {
-    port: &'static IbPort,
-    mr: usize,
+    ports: &'static [&'static IbPort],
+    mrs: Vec<usize>,
 }
 
 impl Registration for DmaBufMr {
     fn release(self: Box<Self>) -> Result<()> {
         let v = crate::sys::verbs::get().map_err(|e| Error::system(e.0))?;
-        // SAFETY: the dma-buf registration this owner holds alone (not cached), released once:
-        // `release` consumes the owner.
-        let rc = unsafe { (v.dereg_mr)(self.mr as *mut _) };
-        if rc != 0 {
-            return Err(Error::system(format!(
-                "{}: ibv_dereg_mr of a dma-buf registration failed: {}",
-                self.port.dev.name,
-                std::io::Error::from_raw_os_error(rc)
-            )));
+        let mut first = None;
+        for (p, &mr) in self.ports.iter().zip(&self.mrs) {
+            // SAFETY: a dma-buf registration this owner holds alone (not cached), released once:
+            // `release` consumes the owner.
+            let rc = unsafe { (v.dereg_mr)(mr as *mut _) };
+            if rc != 0 && first.is_none() {
+                first = Some(Error::system(format!(
+                    "{}: ibv_dereg_mr of a dma-buf registration failed: {}",
+                    p.dev.name,
+                    std::io::Error::from_raw_os_error(rc)
+                )));
+            }
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 }
 
@@ -164,10 +222,15 @@ impl Transport for VerbsDevice {
     }
 
     fn describe(&self) -> String {
-        let p = &self.port;
+        let p = self.port();
+        let what = if self.ports.len() > 1 {
+            format!("{} (fused: {})", self.name(), self.ports.iter().map(|p| p.describe()).collect::<Vec<_>>().join(" + "))
+        } else {
+            p.describe()
+        };
         format!(
             "{} speed {} Mb/s pci {} guid {:#x}{}; GPUDirect: peer memory {}, dma-buf {}",
-            p.describe(),
+            what,
             self.info.speed,
             pci_text(&self.info),
             self.info.guid,
@@ -187,25 +250,31 @@ impl Transport for VerbsDevice {
         if cfg.gdr == gdr::Mode::Off || cuda::get().is_err() {
             return PtrSupport::default();
         }
-        let dmabuf = cfg.dmabuf && self.port.dev.dmabuf.is_ok() && cuda::gdr_attributes(0).is_ok_and(|(_, db)| db);
+        // Every member must take dma-buf (net_ib looks at member 0 only).
+        let dmabuf = cfg.dmabuf && self.ports.iter().all(|p| p.dev.dmabuf.is_ok()) && cuda::gdr_attributes(0).is_ok_and(|(_, db)| db);
         let peermem = gdr::peermem(&Topology::machine().root).is_some();
         PtrSupport { cuda: dmabuf || peermem || cfg.gdr == gdr::Mode::Force, dmabuf }
     }
 
     fn listen(&'static self) -> Result<(Box<dyn Listening>, Handle)> {
-        let (listener, h) = Listener::new(&self.oob, TRANSPORT_VERBS, config::get().timeout())?;
-        Ok((Box::new(VerbsListen { port: &self.port, listener, setups: Vec::new() }), h))
+        let (listener, mut h) = Listener::new(&self.oob, TRANSPORT_VERBS, config::get().timeout())?;
+        h.members = self.ports.len() as u8;
+        Ok((Box::new(VerbsListen { ports: self.ports, name: self.name(), listener, setups: Vec::new() }), h))
     }
 
     fn connect(&'static self, peer: &Handle, traffic_class: Option<u8>) -> Result<Box<dyn Dialing>> {
         let cfg = config::get();
         let c = Connector::new(peer, 1, cfg.socket_min_chunk, cfg.timeout())?;
-        Ok(Box::new(VerbsDial::Tcp { c, port: &self.port, tc: traffic_class }))
+        Ok(Box::new(VerbsDial::Tcp { c: Box::new(c), ports: self.ports, name: self.name(), rem_members: peer.members as usize, tc: traffic_class }))
     }
 
     fn register(&'static self, addr: usize, len: usize, send: bool) -> Result<Registered> {
-        let (info, mr) = verbs_register(&self.port, addr, len, access_for(send))?;
-        Ok(Registered { info, owner: Some(Box::new(CachedMr { port: &self.port, mr })) })
+        if let [port] = self.ports {
+            let (info, mr) = verbs_register(port, addr, len, access_for(send))?;
+            return Ok(Registered { info, owner: Some(Box::new(CachedMr { port, mr })) });
+        }
+        let (info, mrs) = members_register(self.ports, addr, len, access_for(send))?;
+        Ok(Registered { info, owner: Some(Box::new(MembersMr { ports: self.ports, mrs })) })
     }
 
     fn gpu_route(&'static self, pi: &cuda::PtrInfo, via: gdr::Via) -> Result<GpuRoute> {
@@ -213,17 +282,35 @@ impl Transport for VerbsDevice {
     }
 
     fn register_gpu(&'static self, addr: usize, len: usize, send: bool, dmabuf: Option<(u64, i32)>) -> Result<Registered> {
-        let port = &self.port;
         let access = access_for(send);
         let mut r = match dmabuf {
             Some((offset, fd)) => {
-                let m = port.dev.register_dmabuf(offset, len, addr as u64, fd, access as i32)?;
-                // SAFETY: `m` was just registered.
-                let mut info = unsafe { mr_info_of(m, access, &port.dev, Path::Gdr) };
+                // On every member (each its own registration of the same dma-buf).
+                let mut owner = DmaBufMr { ports: self.ports, mrs: Vec::new() };
+                let mut info = Default::default();
+                for (k, port) in self.ports.iter().enumerate() {
+                    let m = match port.dev.register_dmabuf(offset, len, addr as u64, fd, access as i32) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            owner.ports = &self.ports[..owner.mrs.len()];
+                            let _ = Box::new(owner).release();
+                            return Err(e);
+                        }
+                    };
+                    owner.mrs.push(m as usize);
+                    // SAFETY: `m` was just registered.
+                    let i = unsafe { mr_info_of(m, access, &port.dev, Path::Gdr) };
+                    if k == 0 {
+                        info = i;
+                    } else {
+                        info.more_keys[k - 1] = (i.lkey, i.rkey);
+                    }
+                }
+                info.members = self.ports.len() as u8;
                 // The ibv_mr of a dma-buf registration has the offset in its addr field; the
                 // buffer the data path checks against is the GPU address range registered.
                 (info.addr, info.len) = (addr, len);
-                Registered { info, owner: Some(Box::new(DmaBufMr { port, mr: m as usize })) }
+                Registered { info, owner: Some(Box::new(owner)) }
             }
             None => self.register(addr, len, send)?,
         };
@@ -232,6 +319,10 @@ impl Transport for VerbsDevice {
     }
 
     fn registrar(&'static self, send: bool) -> Box<dyn Registrar> {
-        Box::new(VerbsRegistrar { port: &self.port, access: access_for(send) })
+        Box::new(VerbsRegistrar { ports: self.ports, access: access_for(send) })
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

@@ -10,6 +10,7 @@ pub mod conn;
 pub mod dev;
 pub mod device;
 pub mod eager;
+pub mod fuse;
 pub mod mr;
 pub mod oob;
 pub mod recv;
@@ -21,7 +22,8 @@ pub mod survey;
 
 use crate::config;
 use crate::error::{Error, Result};
-use crate::proto::verbs::{Meta, FIFO_BYTES, FIFO_DEPTH, MAX_QPS, META_SIZE, SIZES_ENTRY};
+use crate::proto::verbs::{fifo_bytes, MemberMeta, Meta, FIFO_DEPTH, MAX_QPS, META_SIZE, SIZES_ENTRY};
+use fuse::MAX_MEMBERS;
 use crate::sys::ib::*;
 use crate::transport::socket::sock::{self, Io};
 use crate::transport::socket::Link;
@@ -30,7 +32,7 @@ use conn::Common;
 pub use device::VerbsDevice;
 use recv::VerbsRecv;
 use send::{Ring, VerbsSend};
-use dev::{mtu_bytes, IbPort};
+use dev::{mtu_bytes, IbDevice, IbPort};
 use res::{Cq, PathParams, QpCaps, QpInit, QpRts, RegBuf, RemoteQp};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -40,8 +42,8 @@ const READY: u8 = 0x52;
 
 /// Local resources of a connection before its QPs are connected.
 enum Local {
-    Send { qps: Vec<QpInit>, cq: Cq, mem: [RegBuf; 2], parts: send::Parts },
-    Recv { qps: Vec<QpInit>, cq: Cq, mem: [RegBuf; 2], parts: recv::Parts },
+    Send { qps: Vec<QpInit>, cqs: Vec<Cq>, mem: [RegBuf; 2], parts: send::Parts },
+    Recv { qps: Vec<QpInit>, cqs: Vec<Cq>, mem: [RegBuf; 2], parts: recv::Parts },
 }
 
 enum Step {
@@ -56,7 +58,13 @@ enum Step {
 }
 
 pub struct Setup {
-    port: &'static IbPort,
+    /// The device's members (one port for a physical device); queue pair `q` runs on member
+    /// `q % members`.
+    ports: &'static [&'static IbPort],
+    /// "rxe0", or a fused device's "rxe0+rxe2".
+    name: String,
+    /// Members of the peer's device (from the listen handle, or the sender's metadata).
+    rem_members: usize,
     send: bool,
     fd: Option<OwnedFd>,
     peer: SocketAddr,
@@ -92,11 +100,14 @@ fn caps(send_wr: u32, recv_wr: u32, inline: u32) -> QpCaps {
 }
 
 impl Setup {
-    /// The sender's side, once the out-of-band link is up. `traffic_class` is the communicator's
-    /// (v11+), used when NCCL_IB_TC is unset.
-    pub fn connector(port: &'static IbPort, link: Link, traffic_class: Option<u8>) -> Result<Setup> {
+    /// The sender's side, once the out-of-band link is up, to a listener of `rem_members`
+    /// members. `traffic_class` is the communicator's (v11+), used when NCCL_IB_TC is unset.
+    pub fn connector(ports: &'static [&'static IbPort], name: &str, link: Link, rem_members: usize, traffic_class: Option<u8>) -> Result<Setup> {
         let cfg = config::get();
-        let mut s = Setup::new(port, true, link, cfg.ib_qps);
+        // Every member of the larger side carries NCCL_IB_QPS_PER_CONNECTION queue pairs.
+        let nqps = fuse::nqps(ports.len(), rem_members, cfg.ib_qps, MAX_QPS);
+        let mut s = Setup::new(ports, name, true, link, nqps);
+        s.rem_members = rem_members;
         s.tc = cfg.ib_tc.or(traffic_class).unwrap_or(0);
         s.sl = cfg.ib_sl.unwrap_or(0);
         s.create_local()?;
@@ -105,14 +116,16 @@ impl Setup {
     }
 
     /// The receiver's side, once the out-of-band link is up.
-    pub fn acceptor(port: &'static IbPort, link: Link) -> Setup {
-        Setup::new(port, false, link, 0)
+    pub fn acceptor(ports: &'static [&'static IbPort], name: &str, link: Link) -> Setup {
+        Setup::new(ports, name, false, link, 0)
     }
 
-    fn new(port: &'static IbPort, send: bool, mut link: Link, nqps: usize) -> Setup {
+    fn new(ports: &'static [&'static IbPort], name: &str, send: bool, mut link: Link, nqps: usize) -> Setup {
         let timeout = config::get().timeout();
         Setup {
-            port,
+            ports,
+            name: name.to_string(),
+            rem_members: 1,
             send,
             fd: link.fds.drain(..).next(),
             peer: link.peer,
@@ -134,51 +147,65 @@ impl Setup {
     }
 
     fn create_local(&mut self) -> Result<()> {
-        let p = self.port;
-        let dev = &p.dev;
+        let ps = self.ports;
+        let p = ps[0];
+        let devs: Vec<&IbDevice> = ps.iter().map(|p| &*p.dev).collect();
         let cfg = config::get();
-        let nq = self.nqps as u32;
+        let (nq, ln) = (self.nqps, ps.len());
         let depths = conn::Depths::get();
-        let (local, fifo_addr, fifo_rkey, qpns) = if self.send {
-            let cq = Cq::new(dev, depths.send_cq(nq) as usize)?;
+        // One CQ per member (a CQ belongs to one device), holding its queue pairs' completions.
+        let on = |m: usize| (0..nq).filter(|&q| fuse::member_of(q, ln) == m).count() as u32;
+        let (local, fifo_addr, qpns) = if self.send {
+            let cqs = (0..ln).map(|m| Cq::new(&ps[m].dev, depths.send_cq(on(m)) as usize)).collect::<Result<Vec<_>>>()?;
             let qps = (0..nq)
-                .map(|_| QpInit::new(p, &cq, caps(depths.send_sq, 1, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
+                .map(|q| {
+                    let m = fuse::member_of(q, ln);
+                    QpInit::new(ps[m], &cqs[m], caps(depths.send_sq, 1, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey)
+                })
                 .collect::<Result<Vec<_>>>()?;
-            // Two registrations: what the receiver writes (the CTS FIFO and, after it, the credit
-            // word), and what only this side's work requests read (the sizes staged for the
-            // receiver's sizes FIFO, the eager headers), so that a stray remote write fails
-            // instead of landing there.
-            let (remote, [fifo]) = RegBuf::carve(dev, [FIFO_BYTES + 64], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
-            let (local, [sizes_out, hdrs]) = RegBuf::carve(dev, [FIFO_DEPTH * SIZES_ENTRY, conn::HDRS_BYTES], 0)?;
-            let mem = [remote, local];
-            let (a, k) = (fifo.addr(), fifo.rkey());
+            // Two registrations: what the receiver writes (the CTS FIFO, sized for its members'
+            // keys, and after it the credit word), and what only this side's work requests read
+            // (the sizes staged for the receiver's sizes FIFO, the eager headers), so that a
+            // stray remote write fails instead of landing there. Each on every member.
+            let fifo_len = fifo_bytes(self.rem_members) + 64;
+            let (remote, [fifo]) = RegBuf::carve(&devs, [fifo_len], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
+            let (local, [sizes_out, hdrs]) = RegBuf::carve(&devs, [FIFO_DEPTH * SIZES_ENTRY, conn::HDRS_BYTES], 0)?;
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
-            (Local::Send { qps, cq, mem, parts: send::Parts { fifo, sizes_out, hdrs } }, a, k, qpns)
+            let keys: [u32; MAX_MEMBERS] = std::array::from_fn(|m| if m < ln { fifo.rkey_on(m) } else { 0 });
+            (Local::Send { qps, cqs, mem: [remote, local], parts: send::Parts { fifo, sizes_out, hdrs } }, (fifo.addr(), keys), qpns)
         } else {
-            let cq = Cq::new(dev, depths.recv_cq(nq) as usize)?;
+            let cqs = (0..ln).map(|m| Cq::new(&ps[m].dev, depths.recv_cq(on(m)) as usize)).collect::<Result<Vec<_>>>()?;
             let qps = (0..nq)
-                .map(|_| QpInit::new(p, &cq, caps(depths.recv_sq, depths.recv_rq, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey))
+                .map(|q| {
+                    let m = fuse::member_of(q, ln);
+                    QpInit::new(ps[m], &cqs[m], caps(depths.recv_sq, depths.recv_rq, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey)
+                })
                 .collect::<Result<Vec<_>>>()?;
             // Two registrations: what the sender writes (the eager ring, the sizes FIFO), and what
             // only this side uses (the CTS entries staged for the sender's FIFO, the scratch word
-            // of flush reads and credit writes).
+            // of flush reads and credit writes). Each on every member.
             let (remote, [ring, sizes_in]) = RegBuf::carve(
-                dev,
+                &devs,
                 [conn::RING_SLOTS * conn::slot_bytes(cfg.ib_eager_max), FIFO_DEPTH * SIZES_ENTRY],
                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
             )?;
-            let (local, [cts_out, scratch]) = RegBuf::carve(dev, [FIFO_BYTES, 64], IBV_ACCESS_LOCAL_WRITE)?;
-            let mem = [remote, local];
-            let (a, k) = (sizes_in.addr(), sizes_in.rkey());
+            let (local, [cts_out, scratch]) = RegBuf::carve(&devs, [recv::cts_stage_bytes(ln), 64], IBV_ACCESS_LOCAL_WRITE)?;
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
-            (Local::Recv { qps, cq, mem, parts: recv::Parts { cts_out, sizes_in, ring, scratch } }, a, k, qpns)
+            let keys: [u32; MAX_MEMBERS] = std::array::from_fn(|m| if m < ln { sizes_in.rkey_on(m) } else { 0 });
+            (Local::Recv { qps, cqs, mem: [remote, local], parts: recv::Parts { cts_out, sizes_in, ring, scratch } }, (sizes_in.addr(), keys), qpns)
         };
-        let (ring_addr, ring_rkey, ring_slots, eager_max) = match &local {
-            Local::Recv { parts, .. } => (parts.ring.addr(), parts.ring.rkey(), conn::RING_SLOTS as u16, cfg.ib_eager_max as u32),
-            Local::Send { .. } => (0, 0, 0, 0),
+        let (ring_addr, ring_keys, ring_slots, eager_max) = match &local {
+            Local::Recv { parts, .. } => {
+                let keys: [u32; MAX_MEMBERS] = std::array::from_fn(|m| if m < ln { parts.ring.rkey_on(m) } else { 0 });
+                (parts.ring.addr(), keys, conn::RING_SLOTS as u16, cfg.ib_eager_max as u32)
+            }
+            Local::Send { .. } => (0, [0; MAX_MEMBERS], 0, 0),
         };
+        let extra = (1..ln)
+            .map(|m| MemberMeta { gid: ps[m].gid, lid: ps[m].lid, port: ps[m].port, mtu: ps[m].mtu as u8, fifo_rkey: fifo_addr.1[m], ring_rkey: ring_keys[m] })
+            .collect();
         let m = Meta {
-            nqps: self.nqps as u8,
+            nqps: nq as u8,
             link_layer: p.link_layer,
             port: p.port,
             mtu: p.mtu as u8,
@@ -186,14 +213,15 @@ impl Setup {
             tc: self.tc,
             sl: self.sl,
             gid: p.gid,
-            fifo_addr,
-            fifo_rkey,
-            dev_name: dev.name.clone(),
+            fifo_addr: fifo_addr.0,
+            fifo_rkey: fifo_addr.1[0],
+            dev_name: self.name.clone(),
             qpns,
             ring_addr,
-            ring_rkey,
+            ring_rkey: ring_keys[0],
             ring_slots,
             eager_max,
+            extra,
         };
         self.out = m.encode();
         self.local = Some(local);
@@ -221,7 +249,7 @@ impl Setup {
             }
         }
         let m = Meta::decode(&self.inb).map_err(|e| Error::remote(format!("RDMA setup with {}: {e}", self.peer)))?;
-        let me = self.port;
+        let me = self.ports[0];
         if m.link_layer != me.link_layer {
             return Err(Error::usage(format!(
                 "RDMA setup with {}: {} is {} but the peer's {} is {}: select ports of one link layer with NCCL_IB_HCA",
@@ -241,6 +269,15 @@ impl Setup {
         if self.send && (m.ring_slots == 0 || m.ring_addr == 0) {
             return Err(Error::remote(format!("RDMA setup with {}: the receiver announced no eager ring", self.peer)));
         }
+        if self.send && m.members() != self.rem_members {
+            return Err(Error::remote(format!(
+                "RDMA setup with {}: the receiver's device {} has {} member(s), its listen handle said {}",
+                self.peer,
+                m.dev_name,
+                m.members(),
+                self.rem_members
+            )));
+        }
         Ok(Some(m))
     }
 
@@ -257,10 +294,11 @@ impl Setup {
 
     /// Connect our QPs to the peer's (INIT → RTR → RTS), and the flush QP to itself.
     fn connect_qps(&mut self, m: &Meta) -> Result<()> {
-        let p = self.port;
         let cfg = config::get();
-        let params = PathParams {
-            mtu: (p.mtu as u8).min(m.mtu) as u32,
+        let (ln, rn) = (self.ports.len(), m.members());
+        // Queue pair q: our member q % ln to the peer's member q % rn.
+        let params = |p: &IbPort, r: &MemberMeta| PathParams {
+            mtu: (p.mtu as u8).min(r.mtu) as u32,
             tc: if self.send { self.tc } else { m.tc },
             sl: if self.send { self.sl } else { m.sl },
             timeout: cfg.ib_timeout,
@@ -272,14 +310,18 @@ impl Setup {
             None => return Err(Error::internal("RDMA setup: no local queue pairs")),
         };
         let mut rts = Vec::with_capacity(qps.len());
-        for (q, &qpn) in qps.into_iter().zip(m.qpns.iter()) {
-            let remote = RemoteQp { qpn, lid: m.lid, gid: m.gid, mtu: m.mtu as u32, global: p.is_roce() || m.lid == 0 };
+        for (i, (q, &qpn)) in qps.into_iter().zip(m.qpns.iter()).enumerate() {
+            let p = self.ports[fuse::member_of(i, ln)];
+            let r = m.member(fuse::member_of(i, rn));
+            let remote = RemoteQp { qpn, lid: r.lid, gid: r.gid, mtu: r.mtu as u32, global: p.is_roce() || r.lid == 0 };
+            let params = params(p, &r);
             rts.push(q.rtr(p, &remote, &params)?.rts(p, &params)?);
         }
         if !self.send {
             // Every completion the sender may trigger needs a posted receive: post them before
             // the sender learns our QPNs.
-            for q in &rts {
+            for (i, q) in rts.iter().enumerate() {
+                let p = self.ports[fuse::member_of(i, ln)];
                 recv::post_recvs(q, conn::Depths::get().recv_rq).map_err(|rc| {
                     Error::system(format!(
                         "{}:{}: ibv_post_recv failed: {}",
@@ -328,6 +370,7 @@ impl Setup {
                         return Err(Error::remote("too many queue pairs"));
                     }
                     self.nqps = m.nqps as usize;
+                    self.rem_members = m.members();
                     self.create_local()?;
                     self.connect_qps(&m)?;
                     self.peer_meta = Some(m);
@@ -372,33 +415,39 @@ impl Setup {
     }
 
     fn finish(&mut self) -> Box<dyn Conn> {
-        let p = self.port;
+        let p = self.ports[0];
         let m = self.peer_meta.take().unwrap();
         let qps = self.connected.take().unwrap();
         let fd = self.fd.take().unwrap();
         let cfg = config::get();
         let mtu = mtu_bytes((p.mtu as u8).min(m.mtu) as u32);
+        let (ln, rn) = (self.ports.len(), m.members());
         log::info!(
-            "NET/rivet: {} {} over {} -> {} {}:{} with {} QP(s), MTU {mtu}, TC {}, SL {}",
+            "NET/rivet: {} {} over {}{} -> {} {}:{}{} with {} QP(s){}, MTU {mtu}, TC {}, SL {}",
             if self.send { "connected to" } else { "accepted from" },
             self.peer,
             p.describe(),
+            if ln > 1 { format!(" (+{} member(s) of {})", ln - 1, self.name) } else { String::new() },
             m.dev_name,
             select::describe_gid(&m.gid),
             m.port,
+            if rn > 1 { format!(" (+{} member(s))", rn - 1) } else { String::new() },
             qps.len(),
+            if ln > 1 || rn > 1 { " striped over the members" } else { "" },
             if self.send { self.tc } else { m.tc },
             if self.send { self.sl } else { m.sl }
         );
         let qpns: Vec<u32> = qps.iter().map(|q| q.qp().qpn()).collect();
-        let c = Common::new(p, self.peer, fd, &qpns);
+        let c = Common::new(self.ports, self.peer, fd, &qpns);
+        let fifo_keys = std::array::from_fn(|i| if i < rn { m.member(i).fifo_rkey } else { 0 });
         match self.local.take().unwrap() {
-            Local::Send { cq, mem, parts, .. } => {
-                let ring = Ring { addr: m.ring_addr, rkey: m.ring_rkey, slots: m.ring_slots as usize, eager_max: m.eager_max as usize };
-                Box::new(VerbsSend::new(c, qps, cq, mem, parts, (m.fifo_addr, m.fifo_rkey), ring))
+            Local::Send { cqs, mem, parts, .. } => {
+                let rkeys = std::array::from_fn(|i| if i < rn { m.member(i).ring_rkey } else { 0 });
+                let ring = Ring { addr: m.ring_addr, rkeys, slots: m.ring_slots as usize, eager_max: m.eager_max as usize };
+                Box::new(VerbsSend::new(c, qps, cqs, mem, parts, (m.fifo_addr, fifo_keys), ring, rn))
             }
-            Local::Recv { cq, mem, parts, .. } => {
-                Box::new(VerbsRecv::new(c, qps, cq, mem, parts, cfg.ib_eager_max, (m.fifo_addr, m.fifo_rkey)))
+            Local::Recv { cqs, mem, parts, .. } => {
+                Box::new(VerbsRecv::new(c, qps, cqs, mem, parts, cfg.ib_eager_max, (m.fifo_addr, fifo_keys), rn))
             }
         }
     }

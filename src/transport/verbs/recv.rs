@@ -7,7 +7,19 @@ use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
 use crate::proto::send::Origin;
-use crate::proto::verbs::{Cts, EagerHdr, Imm, EAGER_HDR, FIFO_BYTES, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use crate::proto::verbs::{cts_stride, fifo_bytes, Cts, CtsKeys, EagerHdr, Imm, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use super::fuse::{member_of, MAX_MEMBERS};
+
+/// Staging copies of CTS groups, used in turn by consecutive receives: a group's copy is read by
+/// the NIC until its write completes (one entry goes inline and needs none for long), so a few
+/// suffice, and a receive whose copy is still being read waits. Not one per FIFO slot: that was
+/// 16 KiB pinned per connection for what is in flight for a round trip.
+pub const CTS_STAGES: usize = 8;
+/// Bytes of the CTS staging copies of a receiver of `members` members (a fused one's entries
+/// carry its keys on each member).
+pub const fn cts_stage_bytes(members: usize) -> usize {
+    CTS_STAGES * MAX_GROUP * cts_stride(members)
+}
 use crate::proto::ProtoError;
 use crate::sys::ib::*;
 use crate::sys::verbs;
@@ -52,25 +64,31 @@ pub struct VerbsRecv {
     qps: Vec<QpRts>,
     /// The loopback queue pair of flush reads, made at the first flush (NCCL flushes GPUDirect
     /// receives only; most comms never do).
-    flush_qp: Option<QpRts>,
-    cq: Cq,
+    flush_qps: Vec<Option<QpRts>>,
+    /// One per member, in member order (each also holds its member's flush QP's completions).
+    cqs: Vec<Cq>,
+    /// Flush reads still to complete per flush request (one per member).
+    flush_left: Box<[u8]>,
     cts_out: Part,
     sizes_in: Part,
     ring: Part,
     slot_bytes: usize,
     scratch: Part,
     rem_fifo_addr: u64,
-    rem_fifo_rkey: u32,
+    /// The sender's FIFO's key on each of its members.
+    rem_fifo_rkeys: [u32; MAX_MEMBERS],
+    /// Members of the sender (queue pair q writes to its member q % rem_members).
+    rem_members: usize,
     eng: RecvEngine,
     /// Receives posted and not yet consumed, per QP, and how many each QP's queue holds.
     posted_recvs: [u32; MAX_QPS],
     rq: u32,
     /// What each send queue holds (CTS and credit writes).
     book: SqBook,
-    /// Per FIFO slot, the QP and place of the last CTS group written from its staging copy
-    /// without inline (the NIC reads the copy when it sends): the copy is not rewritten before
-    /// that write is known complete.
-    cts_reading: [Option<(u8, u64)>; FIFO_DEPTH],
+    /// Per staging copy, the QP and place of the last CTS group written from it without inline
+    /// (the NIC reads the copy when it sends): the copy is not rewritten before that write is
+    /// known complete.
+    cts_reading: [Option<(u8, u64)>; CTS_STAGES],
     wrs: [ibv_send_wr; 1],
     sges: [ibv_sge; 1],
     pub c: Common,
@@ -87,31 +105,34 @@ impl VerbsRecv {
     pub fn new(
         c: Common,
         qps: Vec<QpRts>,
-        cq: Cq,
+        cqs: Vec<Cq>,
         mem: [RegBuf; 2],
         p: Parts,
         eager_max: usize,
-        rem_fifo: (u64, u32),
+        rem_fifo: (u64, [u32; MAX_MEMBERS]),
+        rem_members: usize,
     ) -> VerbsRecv {
         let eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, Origin::default());
         let depths = Depths::get();
         VerbsRecv {
             copies: EagerCopies::default(),
             qps,
-            flush_qp: None,
-            cq,
+            flush_qps: (0..cqs.len()).map(|_| None).collect(),
+            cqs,
+            flush_left: vec![0; RECV_REQS + FLUSH_REQS].into_boxed_slice(),
             cts_out: p.cts_out,
             sizes_in: p.sizes_in,
             ring: p.ring,
             slot_bytes: slot_bytes(eager_max),
             scratch: p.scratch,
             rem_fifo_addr: rem_fifo.0,
-            rem_fifo_rkey: rem_fifo.1,
+            rem_fifo_rkeys: rem_fifo.1,
+            rem_members,
             eng,
             posted_recvs: [depths.recv_rq; MAX_QPS],
             rq: depths.recv_rq,
             book: SqBook::new(depths.recv_sq),
-            cts_reading: [None; FIFO_DEPTH],
+            cts_reading: [None; CTS_STAGES],
             // SAFETY: all-zero work requests and scatter entries are valid (null pointers, 0 sizes).
             wrs: unsafe { std::mem::zeroed() },
             // SAFETY: as above.
@@ -124,9 +145,13 @@ impl VerbsRecv {
     /// Post one RDMA WRITE of our memory `[src, src+len)` (lkey) to the sender's FIFO memory.
     /// Returns whether it went inline (else the NIC reads the source later: the write is
     /// signaled, so that it is known complete soon).
-    fn post_ctrl(&mut self, q: usize, src: u64, lkey: u32, len: usize, remote: u64) -> Result<bool> {
+    /// `lkeys` are the source's keys per member (a Part's): queue pair q uses our member
+    /// q % members' and writes with the sender's member q % rem_members' key.
+    fn post_ctrl(&mut self, q: usize, src: u64, lkey_on: impl Fn(usize) -> u32, len: usize, remote: u64) -> Result<bool> {
+        let lkey = lkey_on(member_of(q, self.c.ports.len()));
+        let rkey = self.rem_fifo_rkeys[member_of(q, self.rem_members)];
         self.sges[0] = ibv_sge { addr: src, length: len as u32, lkey };
-        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, KIND_CTRL << KIND_SHIFT, remote, self.rem_fifo_rkey, 1);
+        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, KIND_CTRL << KIND_SHIFT, remote, rkey, 1);
         let inline = len <= self.qps[q].qp().max_inline as usize;
         self.wrs[0].send_flags |= if inline { IBV_SEND_INLINE } else { IBV_SEND_SIGNALED };
         self.book.book(q, &mut self.wrs, 1);
@@ -191,8 +216,9 @@ impl VerbsRecv {
             let w = self.scratch.ptr() as *mut u64;
             // SAFETY: the scratch buffer holds 64 bytes of our own memory; word 1 is the credit's.
             unsafe { w.add(1).write(word) };
-            let (src, lkey) = (self.scratch.addr() + 8, self.scratch.lkey());
-            self.post_ctrl(0, src, lkey, 8, self.rem_fifo_addr + FIFO_BYTES as u64)?;
+            let scratch = self.scratch;
+            let credit = self.rem_fifo_addr + fifo_bytes(self.c.ports.len()) as u64;
+            self.post_ctrl(0, scratch.addr() + 8, |m| scratch.lkey_on(m), 8, credit)?;
         }
         Ok(())
     }
@@ -220,7 +246,7 @@ impl VerbsRecv {
     }
 
     /// Whether receive `specs` may be posted now: room for its CTS and a credit write in every
-    /// send queue, and, if it will have a CTS, its FIFO slot's staging copy free and receives
+    /// send queue, and, if it will have a CTS, its staging copy free and receives
     /// posted for its writes (after reaping completions and topping up receives if not).
     fn can_post(&mut self, specs: &[RecvSpec]) -> Result<bool> {
         let cts = specs.iter().any(|s| s.size > self.eng.eager_max() as u64);
@@ -240,7 +266,7 @@ impl VerbsRecv {
         if !cts {
             return Ok(true);
         }
-        if let Some((q, place)) = self.cts_reading[self.eng.next_cts_slot()] {
+        if let Some((q, place)) = self.cts_reading[self.eng.next_cts_slot() % CTS_STAGES] {
             if !self.book.done(q as usize, place) {
                 return Ok(false);
             }
@@ -254,13 +280,17 @@ impl VerbsRecv {
     }
 
     fn progress(&mut self) -> Result<bool> {
-        let n = self.c.poll(&self.cq)?;
+        let n = self.c.poll(&self.cqs)?;
+        let ln = self.c.ports.len();
         for i in 0..n {
             let wc = self.c.wc[i];
+            let m = self.c.wc_member[i] as usize;
             match wc.wr_id >> KIND_SHIFT {
                 KIND_CTRL => self.book.retire(wc.wr_id),
                 KIND_RECV => {
-                    if let Some(q) = self.qps.iter().position(|q| q.qp().qpn() == wc.qp_num) {
+                    // QPNs are per device: the one of this member.
+                    let mine = |(q, p): &(usize, &QpRts)| member_of(*q, ln) == m && p.qp().qpn() == wc.qp_num;
+                    if let Some((q, _)) = self.qps.iter().enumerate().find(mine) {
                         self.posted_recvs[q] = self.posted_recvs[q].saturating_sub(1);
                     }
                     // SAFETY: a receive completion with immediate data (every write to us has one).
@@ -288,7 +318,16 @@ impl VerbsRecv {
                         }
                     }
                 }
-                KIND_FLUSH => self.eng.on_flush_done((wc.wr_id & 0xffff) as u16),
+                KIND_FLUSH => {
+                    // One read per member: the flush is done with the last.
+                    let req = (wc.wr_id & 0xffff) as u16;
+                    if let Some(left) = self.flush_left.get_mut(req as usize) {
+                        *left = left.saturating_sub(1);
+                        if *left == 0 {
+                            self.eng.on_flush_done(req);
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -312,11 +351,15 @@ impl Conn for VerbsRecv {
         self.c.check()?;
         let n = bufs.len().min(MAX_RECVS);
         let dev = dev_id(self.c.port);
+        let ln = self.c.ports.len();
         let mut specs = [RecvSpec::default(); MAX_RECVS];
-        for (s, b) in specs.iter_mut().zip(&bufs[..n]) {
+        // A fused device's keys of each buffer on every member (the CTS entry carries them).
+        let mut keys = [CtsKeys::default(); MAX_RECVS];
+        for ((s, k), b) in specs.iter_mut().zip(keys.iter_mut()).zip(&bufs[..n]) {
             let (addr, size) = (b.buf.addr(), b.buf.len());
-            let rkey = if size > 0 { mr_for(b.mr, addr, size, dev, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkey } else { 0 };
-            *s = RecvSpec { addr: addr as u64, size: size as u64, rkey, tag: b.tag, gpu: path_of(b.mr) == Path::Gdr };
+            let m = if size > 0 { mr_for(b.mr, addr, size, dev, ln, IBV_ACCESS_REMOTE_WRITE, "irecv")? } else { Default::default() };
+            *k = CtsKeys(std::array::from_fn(|i| m.rkey_on(i)));
+            *s = RecvSpec { addr: addr as u64, size: size as u64, rkey: m.rkey, tag: b.tag, gpu: path_of(b.mr) == Path::Gdr };
         }
         if !self.can_post(&specs[..n])? {
             // The send queues are full, or a CTS now could bring more writes than receives are
@@ -327,19 +370,27 @@ impl Conn for VerbsRecv {
         }
         let RecvPlan::Posted { req, cts } = self.eng.post(&specs[..n]) else { return Ok(None) };
         if let Some(p) = cts {
-            let cts_size = std::mem::size_of::<Cts>();
-            let off = p.slot * MAX_GROUP * cts_size;
-            // SAFETY: slot < FIFO_DEPTH: inside the staging copy of the FIFO (FIFO_BYTES), our own
-            // memory; the NIC no longer reads it: the previous write from this slot went inline or
-            // is known complete (`can_post` looked at `cts_reading`).
-            let out = unsafe { self.cts_out.ptr().add(off) as *mut Cts };
+            // Each entry takes its stride: [keys on every member, if fused][the 32-byte entry].
+            let stride = cts_stride(ln);
+            let stage = p.slot % CTS_STAGES;
+            let off = stage * MAX_GROUP * stride;
             for (i, e) in p.entries[..p.n].iter().enumerate() {
-                // SAFETY: see above (i < MAX_GROUP).
-                unsafe { out.add(i).write(*e) };
+                // SAFETY: stage < CTS_STAGES and i < MAX_GROUP: inside the staging copies
+                // (cts_stage_bytes(ln)), our own memory, 32-byte aligned (carve aligns to 64);
+                // the NIC no longer reads this copy: the previous write from it went inline or is
+                // known complete (`can_post` looked at `cts_reading`).
+                unsafe {
+                    let at = self.cts_out.ptr().add(off + i * stride);
+                    if ln > 1 {
+                        (at as *mut CtsKeys).write(keys[i]);
+                    }
+                    (at.add(stride - std::mem::size_of::<Cts>()) as *mut Cts).write(*e);
+                }
             }
-            let (src, lkey) = (self.cts_out.addr() + off as u64, self.cts_out.lkey());
-            let inline = self.post_ctrl(p.q, src, lkey, p.n * cts_size, self.rem_fifo_addr + off as u64)?;
-            self.cts_reading[p.slot] = if inline { None } else { Some((p.q as u8, self.book.last_place(p.q))) };
+            let out = self.cts_out;
+            let remote = self.rem_fifo_addr + (p.slot * MAX_GROUP * stride) as u64;
+            let inline = self.post_ctrl(p.q, out.addr() + off as u64, |m| out.lkey_on(m), p.n * stride, remote)?;
+            self.cts_reading[stage] = if inline { None } else { Some((p.q as u8, self.book.last_place(p.q))) };
         }
         // Eager messages that arrived before this receive.
         self.drain_ring()?;
@@ -352,20 +403,29 @@ impl Conn for VerbsRecv {
             return Ok(None);
         }
         let Some(b) = bufs.iter().rev().find(|b| !b.buf.is_empty()) else { return Ok(None) };
-        let m = mr_for(b.mr, b.buf.addr(), b.buf.len(), dev_id(self.c.port), IBV_ACCESS_REMOTE_READ, "iflush")?;
-        if self.flush_qp.is_none() {
-            let q = super::Setup::flush_qp(self.c.port, &self.cq).map_err(|e| self.c.die(e))?;
-            self.c.watch_qp(q.qp().qpn());
-            log::debug!("NET/rivet: {}: flush queue pair {} made at the first flush", self.c.where_(q.qp().qpn()), q.qp().qpn());
-            self.flush_qp = Some(q);
+        let ln = self.c.ports.len();
+        let m = mr_for(b.mr, b.buf.addr(), b.buf.len(), dev_id(self.c.port), ln, IBV_ACCESS_REMOTE_READ, "iflush")?;
+        for k in 0..ln {
+            if self.flush_qps[k].is_none() {
+                let q = super::Setup::flush_qp(self.c.ports[k], &self.cqs[k]).map_err(|e| self.c.die(e))?;
+                self.c.watch_qp(q.qp().qpn(), k);
+                log::debug!("NET/rivet: {}: flush queue pair made at the first flush", self.c.where_on(k, q.qp().qpn()));
+                self.flush_qps[k] = Some(q);
+            }
         }
-        let Some(flush_qp) = &self.flush_qp else { return Ok(None) };
         let req = self.eng.post_flush().map_err(|e| self.c.proto(e))?;
-        self.sges[0] = ibv_sge { addr: self.scratch.addr(), length: 1, lkey: self.scratch.lkey() };
-        self.wrs[0] = rdma_wr(IBV_WR_RDMA_READ, (KIND_FLUSH << KIND_SHIFT) | req as u64, b.buf.addr() as u64, m.rkey, 1);
-        self.wrs[0].send_flags = IBV_SEND_SIGNALED;
-        if let Err(rc) = post_chain(flush_qp, &mut self.wrs, &mut self.sges, 1) {
-            return Err(self.c.post_failed(flush_qp.qp().qpn(), "posting the flush read", rc));
+        // A read through every member: each member's writes into GPU memory are visible once a
+        // read through it completes, and any member may have carried this buffer's data.
+        self.flush_left[req as usize] = ln as u8;
+        for k in 0..ln {
+            let Some(flush_qp) = &self.flush_qps[k] else { return Ok(None) };
+            self.sges[0] = ibv_sge { addr: self.scratch.addr(), length: 1, lkey: self.scratch.lkey_on(k) };
+            self.wrs[0] = rdma_wr(IBV_WR_RDMA_READ, (KIND_FLUSH << KIND_SHIFT) | req as u64, b.buf.addr() as u64, m.rkey_on(k), 1);
+            self.wrs[0].send_flags = IBV_SEND_SIGNALED;
+            if let Err(rc) = post_chain(flush_qp, &mut self.wrs, &mut self.sges, 1) {
+                let qpn = flush_qp.qp().qpn();
+                return Err(self.c.post_failed(qpn, "posting the flush read", rc));
+            }
         }
         Ok(Some(req as u32))
     }

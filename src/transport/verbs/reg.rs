@@ -25,7 +25,7 @@ pub fn access_for(send: bool) -> u32 {
 pub unsafe fn mr_info_of(m: *mut crate::sys::ib::ibv_mr, access: u32, dev: &IbDevice, path: Path) -> MrInfo {
     // SAFETY: the caller's promise.
     let m = unsafe { &*m };
-    MrInfo { addr: m.addr as usize, len: m.length, lkey: m.lkey, rkey: m.rkey, access, dev: dev as *const _ as usize, path, gpu: None }
+    MrInfo { addr: m.addr as usize, len: m.length, lkey: m.lkey, rkey: m.rkey, access, dev: dev as *const _ as usize, path, ..Default::default() }
 }
 
 /// Register `[addr, addr+size)` on an RDMA port through its device's MR cache; returns the
@@ -66,20 +66,70 @@ pub fn verbs_release(port: &IbPort, mr: usize) -> Result<()> {
     Ok(())
 }
 
-/// Bounce buffers of a staged comm on an RDMA port.
+/// Register `[addr, addr+size)` on every member of a (fused) device: the registration with each
+/// member's keys, and the cached `ibv_mr`s to release, one per member. A failure releases what
+/// was made.
+pub fn members_register(ports: &'static [&'static IbPort], addr: usize, size: usize, access: u32) -> Result<(MrInfo, Vec<usize>)> {
+    let mut info = MrInfo::default();
+    let mut mrs = Vec::with_capacity(ports.len());
+    for (m, &p) in ports.iter().enumerate() {
+        match verbs_register(p, addr, size, access) {
+            Ok((i, mr)) => {
+                mrs.push(mr);
+                if m == 0 {
+                    info = i;
+                } else {
+                    info.more_keys[m - 1] = (i.lkey, i.rkey);
+                    // The range every member covers (the caches round to pages alike, but say so).
+                    let end = (info.addr + info.len).min(i.addr + i.len);
+                    info.addr = info.addr.max(i.addr);
+                    info.len = end.saturating_sub(info.addr);
+                }
+            }
+            Err(e) => {
+                members_release(ports, &mrs);
+                return Err(e);
+            }
+        }
+    }
+    info.members = ports.len() as u8;
+    Ok((info, mrs))
+}
+
+/// Release what [`members_register`] made (logging failures: nothing else can be done).
+pub fn members_release(ports: &[&'static IbPort], mrs: &[usize]) {
+    for (p, &mr) in ports.iter().zip(mrs) {
+        if let Err(e) = verbs_release(p, mr) {
+            log::warn!("NET/rivet: {e}");
+        }
+    }
+}
+
+/// Bounce buffers of a staged comm on an RDMA device (every member of a fused one).
 pub struct VerbsRegistrar {
-    pub port: &'static IbPort,
+    pub ports: &'static [&'static IbPort],
     pub access: u32,
 }
 
 impl Registrar for VerbsRegistrar {
     fn register(&self, addr: usize, len: usize) -> Result<(MrInfo, usize)> {
-        verbs_register(self.port, addr, len, self.access)
+        if let [port] = self.ports {
+            return verbs_register(port, addr, len, self.access);
+        }
+        let (info, mrs) = members_register(self.ports, addr, len, self.access)?;
+        Ok((info, Box::into_raw(Box::new(mrs)) as usize))
     }
     fn release(&self, handle: usize) {
-        if let Err(e) = verbs_release(self.port, handle) {
-            log::warn!("NET/rivet: staging bounce buffer: {e}");
+        if let [port] = self.ports {
+            if let Err(e) = verbs_release(port, handle) {
+                log::warn!("NET/rivet: staging bounce buffer: {e}");
+            }
+            return;
         }
+        // SAFETY: `register` made this handle from a boxed Vec of the members' MRs, and the
+        // staging engine releases each handle once.
+        let mrs = unsafe { Box::from_raw(handle as *mut Vec<usize>) };
+        members_release(self.ports, &mrs);
     }
 }
 

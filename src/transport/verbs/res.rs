@@ -3,6 +3,7 @@
 //! pairs that walk RESET → INIT → RTR → RTS as types.
 
 use super::dev::{IbDevice, IbPort};
+use super::fuse::MAX_MEMBERS;
 use crate::error::{Error, Result};
 use crate::sys::ib::*;
 use crate::sys::verbs::{self, Verbs};
@@ -336,7 +337,7 @@ pub struct Mr {
 
 impl Mr {
     pub fn lkey(&self) -> u32 {
-        // SAFETY: self.raw is the non-null MR ibv_reg_mr returned in RegBuf::new (the field is
+        // SAFETY: self.raw is the non-null MR ibv_reg_mr returned in `reg_mr` (the field is
         // private, so that is the only way to make an Mr) and it is deregistered only in Drop, so
         // it is live while &self is; lkey is set at registration and never changes.
         unsafe { (*self.raw).lkey }
@@ -350,8 +351,8 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: self.raw came from ibv_reg_mr in RegBuf::new and is deregistered exactly once,
-        // here. RegBuf declares `mr` before `buf`, so this runs before the memory under it is
+        // SAFETY: self.raw came from ibv_reg_mr in `reg_mr` and is deregistered exactly once,
+        // here. RegBuf declares `mrs` before `buf`, so this runs before the memory under it is
         // freed.
         let rc = unsafe { (v().dereg_mr)(self.raw) };
         if rc != 0 {
@@ -399,62 +400,71 @@ impl Drop for HostBuf {
     }
 }
 
-/// Host memory with its registration; the MR is released before the memory.
+/// Host memory with its registrations, one per member of the device (one for a physical
+/// device); the MRs are released before the memory.
 pub struct RegBuf {
-    pub mr: Mr,
+    pub mrs: Vec<Mr>,
     pub buf: HostBuf,
 }
 
+fn reg_mr(dev: &IbDevice, buf: &HostBuf, access: u32) -> Result<Mr> {
+    // SAFETY: `reg_mr` is ibv_reg_mr, resolved with the C signature declared in Verbs; dev.pd was
+    // allocated on the device's context and is never deallocated. [buf.ptr(), buf.ptr() +
+    // buf.len()) is a live heap allocation owned by `buf`, which the caller keeps in the same
+    // RegBuf as the MR, freed only after the MR is deregistered (field order). NULL is handled
+    // below.
+    let raw = unsafe { (v().reg_mr)(dev.pd, buf.ptr() as *mut _, buf.len(), access as c_int) };
+    if raw.is_null() {
+        return Err(Error::system(format!(
+            "{}: registering {} bytes of host memory failed: {}{}",
+            dev.name,
+            buf.len(),
+            errno(),
+            super::dev::memlock_hint()
+        )));
+    }
+    Ok(Mr { raw })
+}
+
 impl RegBuf {
-    pub fn new(dev: &IbDevice, len: usize, access: u32) -> Result<RegBuf> {
+    /// `len` bytes of zeroed host memory registered on each of `devs`.
+    pub fn new(devs: &[&IbDevice], len: usize, access: u32) -> Result<RegBuf> {
         let buf = HostBuf::new(len);
-        // SAFETY: `reg_mr` is ibv_reg_mr, resolved with the C signature declared in Verbs; dev.pd
-        // was allocated on the device's context and is never deallocated. [buf.ptr(), buf.ptr() +
-        // buf.len()) is a live heap allocation owned by `buf`, which goes into the same RegBuf as
-        // the MR and is freed only after the MR is deregistered (field order). NULL is handled
-        // below.
-        let raw = unsafe { (v().reg_mr)(dev.pd, buf.ptr() as *mut _, buf.len(), access as c_int) };
-        if raw.is_null() {
-            return Err(Error::system(format!(
-                "{}: registering {} bytes of host memory failed: {}{}",
-                dev.name,
-                buf.len(),
-                errno(),
-                super::dev::memlock_hint()
-            )));
-        }
-        Ok(RegBuf { mr: Mr { raw }, buf })
+        let mrs = devs.iter().map(|d| reg_mr(d, &buf, access)).collect::<Result<Vec<_>>>()?;
+        Ok(RegBuf { mrs, buf })
     }
     pub fn addr(&self) -> u64 {
         self.buf.ptr() as u64
     }
 
-    /// One registration carved into pieces of the given lengths, each 64-byte aligned (one MR
-    /// and one system call for several buffers of the same access, and no page rounding per
-    /// piece).
+    /// One registration (per member) carved into pieces of the given lengths, each 64-byte
+    /// aligned (one MR and one system call for several buffers of the same access, and no page
+    /// rounding per piece).
     /// The pieces name memory of the RegBuf: keep it until they are no longer used.
-    pub fn carve<const N: usize>(dev: &IbDevice, lens: [usize; N], access: u32) -> Result<(RegBuf, [Part; N])> {
+    pub fn carve<const N: usize>(devs: &[&IbDevice], lens: [usize; N], access: u32) -> Result<(RegBuf, [Part; N])> {
         let mut offs = [0usize; N];
         let mut end = 0;
         for (o, l) in offs.iter_mut().zip(lens) {
             *o = end;
             end = (end + l).next_multiple_of(64);
         }
-        let r = RegBuf::new(dev, end, access)?;
-        let (lkey, rkey) = (r.mr.lkey(), r.mr.rkey());
+        let r = RegBuf::new(devs, end, access)?;
+        let mut keys = [(0u32, 0u32); MAX_MEMBERS];
+        for (k, m) in keys.iter_mut().zip(&r.mrs) {
+            *k = (m.lkey(), m.rkey());
+        }
         // SAFETY: each offset plus its length is within the `end` bytes the buffer holds.
-        let parts = std::array::from_fn(|i| Part { ptr: unsafe { r.buf.ptr().add(offs[i]) }, len: lens[i], lkey, rkey });
+        let parts = std::array::from_fn(|i| Part { ptr: unsafe { r.buf.ptr().add(offs[i]) }, len: lens[i], keys });
         Ok((r, parts))
     }
 }
 
-/// A piece of a registered region ([`RegBuf::carve`]): its address and keys.
+/// A piece of a registered region ([`RegBuf::carve`]): its address and its keys on each member.
 #[derive(Clone, Copy)]
 pub struct Part {
     ptr: *mut u8,
     len: usize,
-    lkey: u32,
-    rkey: u32,
+    keys: [(u32, u32); MAX_MEMBERS],
 }
 
 impl Part {
@@ -470,11 +480,18 @@ impl Part {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// The key on member 0 (a physical device's only one).
     pub fn lkey(&self) -> u32 {
-        self.lkey
+        self.keys[0].0
     }
     pub fn rkey(&self) -> u32 {
-        self.rkey
+        self.keys[0].1
+    }
+    pub fn lkey_on(&self, m: usize) -> u32 {
+        self.keys[m].0
+    }
+    pub fn rkey_on(&self, m: usize) -> u32 {
+        self.keys[m].1
     }
 }
 

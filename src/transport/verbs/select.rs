@@ -3,12 +3,23 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// A parsed `NCCL_IB_HCA`: `mlx5_0:1,mlx5_1` (prefixes, optional port), `^` excludes, `=` exact.
+/// A parsed `NCCL_IB_HCA`: `mlx5_0:1,mlx5_1` (prefixes, optional port), `^` excludes, `=` exact;
+/// as NCCL 2.30, an entry may go on with a rail and a plane (`mlx5_0:1:3:2`, `mlx5_1::0` for a
+/// rail without a port; empty fields are undefined).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HcaFilter {
     exclude: bool,
     exact: bool,
-    entries: Vec<(String, Option<u8>)>,
+    entries: Vec<HcaEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HcaEntry {
+    name: String,
+    port: Option<u8>,
+    /// -1: undefined.
+    rail: i16,
+    plane: i16,
 }
 
 impl HcaFilter {
@@ -34,18 +45,33 @@ impl HcaFilter {
                 let mut parts = e.split(':');
                 let name = parts.next().unwrap_or("").to_string();
                 let port = parts.next().and_then(|p| p.trim().parse::<u8>().ok());
-                (name, port)
+                let id = |p: Option<&str>| p.and_then(|p| p.trim().parse::<i16>().ok()).filter(|&v| v >= 0).unwrap_or(-1);
+                let rail = id(parts.next());
+                let plane = id(parts.next());
+                HcaEntry { name, port, rail, plane }
             })
             .collect();
         HcaFilter { exclude, exact, entries }
     }
 
+    fn entry(&self, dev: &str, port: u8) -> Option<&HcaEntry> {
+        self.entries.iter().find(|e| {
+            let name_ok = if self.exact { dev == e.name } else { dev.starts_with(e.name.as_str()) };
+            name_ok && e.port.map_or(true, |p| p == port)
+        })
+    }
+
     pub fn matches(&self, dev: &str, port: u8) -> bool {
-        let hit = self.entries.iter().any(|(name, p)| {
-            let name_ok = if self.exact { dev == name } else { dev.starts_with(name.as_str()) };
-            name_ok && p.map_or(true, |p| p == port)
-        });
-        hit != self.exclude
+        self.entry(dev, port).is_some() != self.exclude
+    }
+
+    /// The rail and plane the entry selecting `dev:port` gives it (-1 when undefined, and for
+    /// every device of an exclude list).
+    pub fn rail_plane(&self, dev: &str, port: u8) -> (i16, i16) {
+        match self.entry(dev, port) {
+            Some(e) if !self.exclude => (e.rail, e.plane),
+            _ => (-1, -1),
+        }
     }
 }
 
@@ -153,6 +179,13 @@ mod tests {
 
     #[test]
     fn hca_filter_syntax() {
+        let f = HcaFilter::parse("mlx5_0:1:3:2,mlx5_1::0,mlx5_2:1::5");
+        assert_eq!(f.rail_plane("mlx5_0", 1), (3, 2));
+        assert!(f.matches("mlx5_1", 2), "an empty port field is any port");
+        assert_eq!(f.rail_plane("mlx5_1", 2), (0, -1));
+        assert_eq!(f.rail_plane("mlx5_2", 1), (-1, 5), "a plane without a rail");
+        assert_eq!(f.rail_plane("mlx5_9", 1), (-1, -1));
+        assert_eq!(HcaFilter::parse("^mlx5_0:1:3:2").rail_plane("mlx5_1", 1), (-1, -1), "an exclude list gives none");
         let f = HcaFilter::parse("mlx5_0:1,mlx5_1");
         assert!(f.matches("mlx5_0", 1) && !f.matches("mlx5_0", 2));
         assert!(f.matches("mlx5_1", 2) && f.matches("mlx5_10", 1)); // prefix, as NCCL

@@ -5,7 +5,8 @@ use super::conn::{dev_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depth
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::Result;
 use crate::proto::send::{Close, Origin, RdvStep, RingSpec, SendEngine, SendPlan, SEND_REQS};
-use crate::proto::verbs::{Cts, EagerHdr, Imm, EAGER_DATA, EAGER_HDR, FIFO_BYTES, MAX_GROUP, MAX_QPS};
+use crate::proto::verbs::{cts_stride, fifo_bytes, Cts, CtsKeys, EagerHdr, Imm, EAGER_DATA, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use super::fuse::{member_of, MAX_MEMBERS};
 use crate::sys::ib::*;
 use crate::sys::verbs;
 use crate::transport::{path_of, Conn, Lent, MrInfo, Path, MAX_RECVS};
@@ -20,7 +21,8 @@ const MAX_POST: u32 = 2;
 /// Where the sender's eager messages go.
 pub struct Ring {
     pub addr: u64,
-    pub rkey: u32,
+    /// Its key on each of the receiver's members (eager writes go on queue pair 0: member 0).
+    pub rkeys: [u32; MAX_MEMBERS],
     pub slots: usize,
     pub eager_max: usize,
 }
@@ -39,18 +41,26 @@ pub struct Parts {
 pub struct VerbsSend {
     // Field order is drop order: QPs before their CQ, and both before the memory they name.
     qps: Vec<QpRts>,
-    cq: Cq,
+    /// One per member, in member order.
+    cqs: Vec<Cq>,
     fifo: Part,
     sizes_out: Part,
     hdrs: Part,
     /// What `fifo`, `sizes_out` and `hdrs` are pieces of.
     _mem: [RegBuf; 2],
     rem_sizes_addr: u64,
-    rem_sizes_rkey: u32,
+    /// The receiver's sizes FIFO's key on each of its members.
+    rem_sizes_rkeys: [u32; MAX_MEMBERS],
     ring: Ring,
+    /// Members of the receiver: CTS entries are `cts_stride(rem_members)` bytes, with a key
+    /// per member when there are several.
+    rem_members: usize,
+    /// A fused receiver's keys of each CTS entry (slot × MAX_GROUP + entry), read with it.
+    cts_rkeys: Box<[CtsKeys]>,
     eng: SendEngine,
-    /// Local source (address, lkey, in GPU memory) of each request slot's rendezvous send.
-    local: Box<[(u64, u32, bool)]>,
+    /// Local source (address, lkey on each member, in GPU memory) of each request slot's
+    /// rendezvous send.
+    local: Box<[(u64, [u32; MAX_MEMBERS], bool)]>,
     /// What each send queue holds.
     book: SqBook,
     /// Rendezvous sends whose newly ready bytes found a send queue full (request, bytes ready),
@@ -71,20 +81,32 @@ unsafe impl Send for VerbsSend {}
 
 impl VerbsSend {
     #[allow(clippy::too_many_arguments)]
-    pub fn new(c: Common, qps: Vec<QpRts>, cq: Cq, mem: [RegBuf; 2], p: Parts, rem_sizes: (u64, u32), ring: Ring) -> VerbsSend {
+    pub fn new(
+        c: Common,
+        qps: Vec<QpRts>,
+        cqs: Vec<Cq>,
+        mem: [RegBuf; 2],
+        p: Parts,
+        rem_sizes: (u64, [u32; MAX_MEMBERS]),
+        ring: Ring,
+        rem_members: usize,
+    ) -> VerbsSend {
         let eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, Origin::default());
+        let keyed = if rem_members > 1 { FIFO_DEPTH * MAX_GROUP } else { 0 };
         VerbsSend {
             qps,
-            cq,
+            cqs,
             fifo: p.fifo,
             sizes_out: p.sizes_out,
             hdrs: p.hdrs,
             _mem: mem,
             rem_sizes_addr: rem_sizes.0,
-            rem_sizes_rkey: rem_sizes.1,
+            rem_sizes_rkeys: rem_sizes.1,
             ring,
+            rem_members,
+            cts_rkeys: vec![CtsKeys::default(); keyed].into_boxed_slice(),
             eng,
-            local: vec![(0, 0, false); SEND_REQS].into_boxed_slice(),
+            local: vec![(0, [0; MAX_MEMBERS], false); SEND_REQS].into_boxed_slice(),
             book: SqBook::new(Depths::get().send_sq),
             deferred: vec![(0, 0); SEND_REQS].into_boxed_slice(),
             ndeferred: 0,
@@ -98,10 +120,13 @@ impl VerbsSend {
         }
     }
 
+    /// Where CTS entry `r` of slot `slot` is: the last 32 bytes of its stride (a fused
+    /// receiver's keys come first).
     fn entry_ptr(&self, slot: usize, r: usize) -> *mut Cts {
+        let stride = cts_stride(self.rem_members);
         // SAFETY: `slot < FIFO_DEPTH` and `r < MAX_GROUP` (the engine's and our bounds), inside the
-        // FIFO_BYTES the FIFO buffer holds.
-        unsafe { (self.fifo.ptr() as *mut Cts).add(slot * MAX_GROUP + r) }
+        // fifo_bytes(rem_members) the FIFO buffer holds.
+        unsafe { self.fifo.ptr().add((slot * MAX_GROUP + r) * stride + stride - std::mem::size_of::<Cts>()) as *mut Cts }
     }
 
     /// The stamp of a CTS entry, loaded alone with acquire: the entry's other fields are read
@@ -136,6 +161,14 @@ impl VerbsSend {
                 *e = self.entry(slot, r);
             }
             fence(Ordering::Acquire);
+            if self.rem_members > 1 {
+                for r in 0..n {
+                    // SAFETY: a fused receiver's keys block is the 32 bytes before the entry, in
+                    // the same stride (and so the same write, placed before the stamp read above);
+                    // volatile because the NIC writes it.
+                    self.cts_rkeys[slot * MAX_GROUP + r] = unsafe { std::ptr::read_volatile((self.entry_ptr(slot, r) as *const CtsKeys).sub(1)) };
+                }
+            }
             match self.eng.on_cts(&g[..n]) {
                 Ok(true) => {}
                 Ok(false) => break,
@@ -148,7 +181,7 @@ impl VerbsSend {
     /// The credit word the receiver writes after the FIFO (ring slots it released).
     fn read_credits(&mut self) {
         // SAFETY: the word is an aligned u64 of the registered FIFO buffer, written by the NIC.
-        let w = unsafe { std::ptr::read_volatile(self.fifo.ptr().add(FIFO_BYTES) as *const u64) };
+        let w = unsafe { std::ptr::read_volatile(self.fifo.ptr().add(fifo_bytes(self.rem_members)) as *const u64) };
         self.eng.on_credit(w);
     }
 
@@ -171,10 +204,12 @@ impl VerbsSend {
         // slot, or the announcement's, is ours until its write completes).
         unsafe { hp.write(h) };
         let size = if h.flags & EAGER_DATA != 0 { h.size as usize } else { 0 };
+        self.c.member_bytes[0] += size as u64;
+        // Queue pair 0: our member 0 to the receiver's.
         self.sges[0] = ibv_sge { addr: hp as u64, length: EAGER_HDR as u32, lkey: self.hdrs.lkey() };
         self.sges[1] = ibv_sge { addr: data, length: size as u32, lkey };
         let remote = self.ring.addr + (ring_slot * slot_bytes(self.ring.eager_max)) as u64;
-        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, remote, self.ring.rkey, if size > 0 { 2 } else { 1 });
+        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, remote, self.ring.rkeys[0], if size > 0 { 2 } else { 1 });
         self.wrs[0].sg_list = self.sges.as_mut_ptr();
         self.wrs[0].__bindgen_anon_1.imm_data = Imm::Eager(ring_slot as u32).encode().to_be();
         let inline = !on_gpu && EAGER_HDR + size <= self.qps[0].qp().max_inline as usize;
@@ -205,14 +240,19 @@ impl VerbsSend {
     fn post_rdv(&mut self, req: u16, ready: usize) -> Result<()> {
         let k = self.eng.rdv_steps(req, ready, &mut self.steps);
         let t = self.eng.target(req);
-        let (data, lkey, on_gpu) = self.local[req as usize];
+        let (data, lkeys, on_gpu) = self.local[req as usize];
         let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
+        let (ln, rn) = (self.c.ports.len(), self.rem_members);
         for i in 0..k {
             let s = self.steps[i];
             let mut n = 0;
             if let Some((off, len)) = s.data {
-                self.sges[0] = ibv_sge { addr: data + off as u64, length: len as u32, lkey };
-                self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, t.addr + off as u64, t.rkey, 1);
+                // Queue pair q: our member q % ln (its lkey) to the receiver's q % rn (its rkey).
+                let (lm, rm) = (member_of(s.q, ln), member_of(s.q, rn));
+                let rkey = if rn > 1 { self.cts_rkeys[t.sizes_off as usize / 8].0[rm] } else { t.rkey };
+                self.c.member_bytes[lm] += len as u64;
+                self.sges[0] = ibv_sge { addr: data + off as u64, length: len as u32, lkey: lkeys[lm] };
+                self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, t.addr + off as u64, rkey, 1);
                 if !on_gpu && len <= self.qps[s.q].qp().max_inline as usize {
                     // A small host payload goes in the work request (GPU memory only the NIC
                     // may read).
@@ -224,7 +264,7 @@ impl VerbsSend {
                 None => {}
                 Some(Close::Size) => {
                     self.sges[n] = ibv_sge { addr: self.sizes_out.addr() + t.sizes_off, length: 8, lkey: self.sizes_out.lkey() };
-                    self.wrs[n] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, self.rem_sizes_addr + t.sizes_off, self.rem_sizes_rkey, 1);
+                    self.wrs[n] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, self.rem_sizes_addr + t.sizes_off, self.rem_sizes_rkeys[0], 1);
                     self.wrs[n].send_flags |= IBV_SEND_INLINE;
                     n += 1;
                 }
@@ -244,7 +284,7 @@ impl VerbsSend {
     }
 
     fn progress(&mut self) -> Result<bool> {
-        let n = self.c.poll(&self.cq)?;
+        let n = self.c.poll(&self.cqs)?;
         for i in 0..n {
             let wc = self.c.wc[i];
             match wc.wr_id >> KIND_SHIFT {
@@ -309,7 +349,8 @@ impl Conn for VerbsSend {
     fn isend_partial(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
         self.c.check()?;
         let size = data.len();
-        let lkey = if size > 0 { mr_for(mr, data.addr(), size, dev_id(self.c.port), 0, "isend")?.lkey } else { 0 };
+        let m = if size > 0 { mr_for(mr, data.addr(), size, dev_id(self.c.port), self.c.ports.len(), 0, "isend")? } else { MrInfo::default() };
+        let lkeys: [u32; MAX_MEMBERS] = std::array::from_fn(|i| m.lkey_on(i));
         if !self.can_post()? {
             // The send queues are full of work requests not yet known complete: not yet.
             self.c.waits += 1;
@@ -334,7 +375,7 @@ impl Conn for VerbsSend {
             }
             Ok(SendPlan::Eager { req, ring_slot, hdr }) => {
                 let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
-                if self.post_eager(ring_slot, req as usize, hdr, (data.addr() as u64, lkey), wr_id, path_of(mr) == Path::Gdr)? {
+                if self.post_eager(ring_slot, req as usize, hdr, (data.addr() as u64, lkeys[0]), wr_id, path_of(mr) == Path::Gdr)? {
                     // An inline send is complete once posted: its bytes are in the work request.
                     self.eng.on_completion(req);
                 }
@@ -344,7 +385,7 @@ impl Conn for VerbsSend {
                 // SAFETY: `sizes_off` is inside the SIZES_ENTRY-per-slot buffer (slot < FIFO_DEPTH,
                 // entry < MAX_GROUP), an aligned u64 of our own memory.
                 unsafe { (self.sizes_out.ptr().add(target.sizes_off as usize) as *mut u64).write(size as u64) };
-                self.local[req as usize] = (data.addr() as u64, lkey, path_of(mr) == Path::Gdr);
+                self.local[req as usize] = (data.addr() as u64, lkeys, path_of(mr) == Path::Gdr);
                 self.post_rdv(req, ready)?;
                 Ok(Some(req as u32))
             }
