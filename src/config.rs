@@ -118,6 +118,16 @@ pub const VARS: &[Var] = &[
         meaning: "Queue pairs per connection (1-16), NCCL's default; each message above the eager limit is split across them in 128-byte-aligned chunks. More spread a connection over ECMP paths (on Soft-RoCE, its work over CPUs: docs/benchmarks.md), at a queue pair and its queues' memory each. On a fused device, per member (of the larger side).",
     },
     Var {
+        name: "NCCL_IB_ADAPTIVE_ROUTING",
+        default: "auto",
+        meaning: "Adaptive routing (the fabric may place a queue pair's packets out of order): auto, as net_ib: on for InfiniBand ports, off for RoCE; 1 or 0 forces it. On (every member of the device must have it), a message above NCCL_IB_AR_THRESHOLD goes as plain RDMA writes followed by a separate zero-byte completion, and the receiver writes one credit word at a time.",
+    },
+    Var {
+        name: "NCCL_IB_AR_THRESHOLD",
+        default: "8192",
+        meaning: "Bytes (0-1073741824) above which a message's data, under adaptive routing, never carries its own completion (NCCL's default).",
+    },
+    Var {
         name: "NCCL_IB_MERGE_NICS",
         default: "1",
         meaning: "1: NCCL may fuse RDMA ports into one virtual NIC (makeVDevice, ncclNet v9+; by default NCCL fuses the ports of one card, NCCL_NET_MERGE_LEVEL): a comm on it has queue pairs on every member and stripes each large message across them. 0: fusion is refused (every port stays its own device).",
@@ -195,6 +205,9 @@ pub struct Config {
     pub ib_pkey: u16,
     pub ib_qps: usize,
     pub ib_merge_nics: bool,
+    /// NCCL_IB_ADAPTIVE_ROUTING: None = auto (per link layer).
+    pub ib_adaptive_routing: Option<bool>,
+    pub ib_ar_threshold: usize,
     pub ib_relaxed_ordering: u32,
     pub ib_eager_max: usize,
     pub gdr_flush_disable: bool,
@@ -363,6 +376,8 @@ impl Config {
             ib_pkey: int_var(get, "NCCL_IB_PKEY", 0, 65535) as u16,
             ib_qps: int_var(get, "NCCL_IB_QPS_PER_CONNECTION", 1, 16) as usize,
             ib_merge_nics: int_var(get, "NCCL_IB_MERGE_NICS", 0, 1) == 1,
+            ib_adaptive_routing: opt_int_var(get, "NCCL_IB_ADAPTIVE_ROUTING", 0, 1, "auto").map(|v| v == 1),
+            ib_ar_threshold: int_var(get, "NCCL_IB_AR_THRESHOLD", 0, 1 << 30) as usize,
             ib_relaxed_ordering: int_var(get, "NCCL_IB_PCI_RELAXED_ORDERING", 0, 2) as u32,
             ib_eager_max: int_var(get, "RIVET_IB_EAGER_MAX", 0, 262144) as usize,
             gdr_flush_disable: int_var(get, "NCCL_GDR_FLUSH_DISABLE", 0, 1) == 1,

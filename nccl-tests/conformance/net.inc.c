@@ -102,7 +102,8 @@ static ncclResult_t net_init(Net* net, void** ctx, uint64_t commId) {
   return ncclInternalError;
 }
 
-/* makeVDevice of v9+ (NULL there: ncclInvalidUsage, as NCCL treats no fusion); -1 before v9. */
+/* makeVDevice of v9+ (a NULL member, and any version before v9: ncclInvalidUsage, as NCCL treats
+ * no fusion). v9-v11 carry at most 4 devices, v12 8 (the caller checks). */
 static ncclResult_t net_make_vdevice(Net* net, const int* devs, int n, int* d) {
   ncclNetVDeviceProps_v9_t p9;
   ncclNetVDeviceProps_v12_t p12;

@@ -90,6 +90,7 @@ static int child_fuse(Child* c) {
   int n = (c->rank % 2) ? c->o->nfuse2 : c->o->nfuse;
   if (n == 0) return 0;
   if (c->o->api < 9) FAIL(c, "--fuse needs ncclNet v9+ (makeVDevice), api is %d", c->o->api);
+  if (n > (c->o->api < 12 ? 4 : 8)) FAIL(c, "--fuse of %d devices: ncclNet v%d carries at most %d", n, c->o->api, c->o->api < 12 ? 4 : 8);
   int d = -1;
   ncclResult_t r = net_make_vdevice(&c->net, f, n, &d);
   if (r != ncclSuccess) FAIL(c, "makeVDevice of %d devices returned %d", n, r);

@@ -262,6 +262,7 @@ pub fn vprops_v12(c: &plugin::Props) -> ncclNetVDeviceProps_v12_t {
 /// # Safety
 /// `d` is NULL or NCCL's out-parameter for the new device's index.
 unsafe fn make_vdevice(d: *mut c_int, ndevs: c_int, devs: &[c_int]) -> Result<()> {
+    super::ffi::nonnull(d, "d")?;
     let n = usize::try_from(ndevs).ok().filter(|&n| n <= devs.len()).ok_or_else(|| {
         Error::usage(format!("makeVDevice with ndevs={ndevs}: this ncclNet version carries at most {} devices per virtual NIC", devs.len()))
     })?;

@@ -108,8 +108,8 @@ pub(super) fn device(dev: i32) -> Result<&'static dyn Transport> {
 }
 
 /// `makeVDevice`: a virtual NIC fusing the physical devices `devs` (NCCL_IB_MERGE_NICS
-/// allowing), its index in `*d`. One member is the device itself; the same members again give
-/// the device made before.
+/// allowing), its index in `*d`. One member gives a virtual device that is that device; the same
+/// members again give the device made before.
 pub fn make_vdevice(devs: &[i32]) -> Result<i32> {
     let t = devices_table()?;
     let phys: Vec<fuse::MemberInfo> = t
@@ -129,15 +129,19 @@ pub fn make_vdevice(devs: &[i32]) -> Result<i32> {
         })
         .collect();
     let mut v = vdevs();
-    fuse::check(devs, &phys, crate::config::get().ib_merge_nics, v.len()).map_err(Error::usage)?;
-    if let [d] = devs {
-        return Ok(*d);
-    }
     if let Some(i) = v.iter().position(|x| x.members == devs) {
         return Ok((t.list.len() + i) as i32);
     }
-    let members: Vec<&VerbsDevice> = devs.iter().filter_map(|&d| t.list[d as usize].as_any().downcast_ref::<VerbsDevice>()).collect();
-    let f: &'static VerbsDevice = Box::leak(Box::new(VerbsDevice::fused(&members)));
+    fuse::check(devs, &phys, crate::config::get().ib_merge_nics, v.len()).map_err(Error::usage)?;
+    // One member: a virtual device that is the physical one under a new index (some NCCL
+    // releases make a virtual device of every group, single ones too, and then use only the
+    // virtual indices).
+    let f: &'static dyn Transport = if let [d] = devs {
+        &*t.list[*d as usize]
+    } else {
+        let members: Vec<&VerbsDevice> = devs.iter().filter_map(|&d| t.list[d as usize].as_any().downcast_ref::<VerbsDevice>()).collect();
+        Box::leak(Box::new(VerbsDevice::fused(&members)))
+    };
     let index = (t.list.len() + v.len()) as i32;
     log::info!(
         target: INIT,

@@ -76,7 +76,10 @@ pub enum Close {
     Size,
     /// The data write of this step carries the immediate.
     OnData,
-    /// No data in this step: a zero-byte send with the immediate.
+    /// A zero-byte send with the immediate, after this step's data write if it has one: when the
+    /// step has no data, or under adaptive routing for a message above its threshold (whose
+    /// placement may finish after the write's own immediate; a later work request completes only
+    /// once the writes before it on the queue pair have landed).
     Empty,
 }
 
@@ -136,9 +139,23 @@ pub struct SendEngine {
     /// slot (a slot per queue pair the connection has, not per queue pair it could have).
     rdv_posted: Box<[usize]>,
     free: Vec<u16>,
+    /// Adaptive routing: messages above this many bytes complete with a separate zero-byte
+    /// immediate (NCCL_IB_AR_THRESHOLD); None: adaptive routing off.
+    ar_threshold: Option<usize>,
 }
 
 impl SendEngine {
+    /// Adaptive routing on (messages above `threshold` bytes get their immediate alone), or off.
+    pub fn set_adaptive_routing(&mut self, threshold: Option<usize>) {
+        self.ar_threshold = threshold;
+    }
+
+    /// Whether a write of `len` bytes must not carry its own immediate (adaptive routing, above
+    /// the threshold): its data goes as a plain write, a zero-byte one with the immediate after.
+    pub fn ar_split(&self, len: usize) -> bool {
+        self.ar_threshold.is_some_and(|t| len > t)
+    }
+
     pub fn new(nqps: usize, ring: RingSpec, origin: Origin) -> SendEngine {
         let mut free = Vec::with_capacity(SEND_REQS);
         free.extend((0..SEND_REQS as u16).rev());
@@ -155,6 +172,7 @@ impl SendEngine {
             rdv: vec![Rdv::default(); SEND_REQS].into_boxed_slice(),
             rdv_posted: vec![0; SEND_REQS * nqps.clamp(1, MAX_QPS)].into_boxed_slice(),
             free,
+            ar_threshold: None,
         }
     }
 
@@ -346,6 +364,8 @@ impl SendEngine {
         let posted = &mut self.rdv_posted[req as usize * nq..][..nq];
         let size = p.target.size;
         let ready = ready.min(size);
+        // Adaptive routing, above its threshold: no write carries its own immediate.
+        let split = self.ar_threshold.is_some_and(|t| size > t);
         let mut k = 0;
         for (q, done) in posted.iter_mut().enumerate() {
             if p.closed & (1 << q) != 0 {
@@ -361,11 +381,11 @@ impl SendEngine {
             let mut close = None;
             if avail == len {
                 close = Some(match (q, data) {
-                    (0, Some(_)) if p.target.sized => Close::OnData,
-                    (0, None) if p.target.sized => Close::Empty,
+                    (0, Some(_)) if p.target.sized && !split => Close::OnData,
+                    (0, _) if p.target.sized => Close::Empty,
                     (0, _) => Close::Size,
-                    (_, Some(_)) => Close::OnData,
-                    (_, None) => Close::Empty,
+                    (_, Some(_)) if !split => Close::OnData,
+                    (_, _) => Close::Empty,
                 });
                 p.closed |= 1 << q;
             }
@@ -430,6 +450,27 @@ mod tests {
             };
             assert_eq!(closes, want, "{nqps} QP(s), {size} bytes");
             assert!(!e.rdv_has_new(req, size), "nothing left to post");
+        }
+    }
+
+    #[test]
+    fn under_adaptive_routing_a_message_above_the_threshold_carries_no_immediate_with_its_data() {
+        // (queue pairs, size, closes): at the threshold a write still carries its immediate;
+        // above it every part's data goes plain and a zero-byte send carries the immediate.
+        for (nqps, size, want) in [
+            (1, 8192, vec![(0, Close::OnData, true)]),
+            (1, 8193, vec![(0, Close::Empty, true)]),
+            (2, 20000, vec![(0, Close::Size, true), (1, Close::Empty, true)]),
+        ] {
+            let mut e = SendEngine::new(nqps, RingSpec { slots: 8, eager_max: 4096 }, Origin::default());
+            e.set_adaptive_routing(Some(8192));
+            assert!(e.ar_split(8193) && !e.ar_split(8192));
+            assert!(e.on_cts(&[Cts::new(0x1000, 4 << 20, 7, 0, 1, 0, 1)]).unwrap());
+            let Ok(SendPlan::Rdv { req, .. }) = e.post(size, 0, size) else { panic!("not a rendezvous send") };
+            let mut steps = [RdvStep { q: 0, data: None, close: None }; MAX_QPS];
+            let k = e.rdv_steps(req, size, &mut steps);
+            let closes: Vec<(usize, Close, bool)> = steps[..k].iter().filter_map(|s| s.close.map(|c| (s.q, c, s.data.is_some()))).collect();
+            assert_eq!(closes, want, "{nqps} QP(s), {size} bytes");
         }
     }
 }

@@ -34,7 +34,12 @@ pub(crate) struct Recv {
     pub(crate) copies: VecDeque<(usize, u64, usize)>,
     pub(crate) done: usize,
     pub(crate) dead: bool,
+    /// Under adaptive routing: a credit write is on the wire (its completion not yet seen).
+    pub(crate) credit_inflight: bool,
 }
+
+/// The signal id of a credit write (the receiver's control completions).
+pub(crate) const CREDIT_TAG: u16 = 0xc4ed;
 
 #[derive(Debug)]
 pub(crate) enum Fault {
@@ -85,6 +90,10 @@ impl Send {
             let n = g[0].n().clamp(1, MAX_GROUP);
             for (r, e) in g.iter_mut().enumerate().take(n).skip(1) {
                 *e = at(r);
+            }
+            // Every entry's own stamp (a group may land entry by entry).
+            if g[1..n].iter().any(|e| e.stamp != g[0].stamp) {
+                break;
             }
             if !self.eng.on_cts(&g[..n])? {
                 break;
@@ -162,7 +171,14 @@ impl Send {
                     sim.hdrs[ho..ho + EAGER_HDR].copy_from_slice(&h);
                     (vec![Src::SendHdrs { off: ho, len: EAGER_HDR }, Src::SendArena { off, len: m.send }], Some(req))
                 };
-                sim.post(false, 0, (Mem::Ring, ring_slot * sim.slot_bytes), src, Some(Imm::Eager(ring_slot as u32).encode()), signal);
+                let imm = Some(Imm::Eager(ring_slot as u32).encode());
+                if self.eng.ar_split(EAGER_HDR + m.send) {
+                    // Adaptive routing: the header and payload, then the immediate alone.
+                    sim.post(false, 0, (Mem::Ring, ring_slot * sim.slot_bytes), src, None, None);
+                    sim.post(false, 0, (Mem::Ring, 0), vec![], imm, signal);
+                } else {
+                    sim.post(false, 0, (Mem::Ring, ring_slot * sim.slot_bytes), src, imm, signal);
+                }
                 if inline {
                     self.eng.on_completion(req);
                 }
@@ -262,14 +278,28 @@ impl Recv {
                 }
             }
         }
+        // Under adaptive routing one credit write at a time (the word is one address: an older
+        // value placed after a newer one would stand).
+        let ar = sim.cfg.ar.is_some() && !sim.cfg.ar_unsplit;
+        if ar && self.credit_inflight {
+            return Ok(());
+        }
         if let Some(word) = self.eng.credit_due() {
-            sim.post(true, 0, (Mem::Fifo, FIFO_BYTES), vec![Src::Inline(word.to_le_bytes().to_vec())], None, None);
+            sim.post(true, 0, (Mem::Fifo, FIFO_BYTES), vec![Src::Inline(word.to_le_bytes().to_vec())], None, ar.then_some(CREDIT_TAG));
+            self.credit_inflight = ar;
         }
         Ok(())
     }
 
     pub(crate) fn progress(&mut self, sim: &mut Sim) -> Res<()> {
         let mut n = 0;
+        // The completions of signaled control writes come on the same CQ as the receives.
+        while let Some(tag) = sim.ctrl_cq.pop_front() {
+            if tag == CREDIT_TAG {
+                self.credit_inflight = false;
+            }
+            n += 1;
+        }
         while n < 16 {
             let Some(imm) = sim.recv_cq.pop_front() else { break };
             n += 1;

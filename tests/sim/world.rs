@@ -50,6 +50,13 @@ pub(crate) struct Config {
     pub(crate) groups: Vec<(Vec<Msg>, Vec<usize>)>,
     /// Placement reordered within a queue pair between completions.
     pub(crate) adaptive: bool,
+    /// Adaptive routing with its hazard, as the engines are told (NCCL_IB_AR_THRESHOLD): a write
+    /// of more than this many bytes may deliver its immediate before its own data has all landed
+    /// (after everything before it); control writes of the receiver land in any order, a CTS
+    /// group entry by entry. The engines split such writes; `ar_unsplit` tells them nothing (to
+    /// show the simulator catches what the split prevents).
+    pub(crate) ar: Option<usize>,
+    pub(crate) ar_unsplit: bool,
     /// Copies out of the eager ring finish late (a GPU copy).
     pub(crate) async_copy: bool,
     /// Large sends are posted before all their bytes are readable (the staging engine).
@@ -114,6 +121,8 @@ pub(crate) fn config(seed: u64, ngroups: usize) -> Config {
         origin,
         groups,
         adaptive: r.chance(60),
+        ar: r.chance(30).then(|| r.pick(&[0usize, 100, 4096, 8192])),
+        ar_unsplit: false,
         async_copy: r.chance(40),
         partial: r.chance(40),
         fail: r.chance(15).then(|| (r.below(3000) as u64, r.chance(50))),
@@ -156,8 +165,11 @@ pub(crate) struct Op {
     pub(crate) src: Vec<Src>,
     /// Immediate data: a receive completion at the target once everything before it landed.
     pub(crate) imm: Option<u32>,
-    /// A signaled send request: a completion for it at the poster.
+    /// A signaled send request: a completion for it at the poster (a control write's goes to
+    /// the receiver's `ctrl_cq`).
     pub(crate) signal: Option<u16>,
+    /// Bytes it writes.
+    pub(crate) len: usize,
     /// Pieces (start, len) not yet placed.
     pub(crate) pieces: Vec<(usize, usize)>,
     /// Control writes land in address order (one packet).
@@ -185,6 +197,8 @@ pub(crate) struct Sim {
     pub(crate) ctrl_qps: Vec<Qp>,
     pub(crate) recv_cq: VecDeque<u32>,
     pub(crate) send_cq: VecDeque<u16>,
+    /// Completions of the receiver's signaled control writes.
+    pub(crate) ctrl_cq: VecDeque<u16>,
     pub(crate) slot_bytes: usize,
     pub(crate) steps: u64,
 }
@@ -224,12 +238,14 @@ impl Sim {
                 Src::SendArena { len, .. } | Src::SendHdrs { len, .. } => *len,
             })
             .sum();
-        let piece = if ctrl { 8 } else { PIECE };
+        // Control writes land in address order, 8 bytes at a time; under adaptive routing a
+        // clear-to-send group lands entry by entry, in any order.
+        let piece = if ctrl && self.cfg.ar.is_some() { 32 } else if ctrl { 8 } else { PIECE };
         let mut pieces: Vec<(usize, usize)> = (0..len).step_by(piece).map(|a| (a, piece.min(len - a))).collect();
         if pieces.is_empty() {
             pieces.push((0, 0));
         }
-        let op = Op { mem, off, src, imm, signal, pieces, in_order: ctrl, stuck: false };
+        let op = Op { mem, off, src, imm, signal, len, pieces, in_order: ctrl && self.cfg.ar.is_none(), stuck: false };
         let qps = if ctrl { &mut self.ctrl_qps } else { &mut self.data_qps };
         qps[q].ops.push_back(op);
     }
@@ -251,7 +267,12 @@ impl Sim {
         // Control writes keep their order: the credit word is one address written again and again,
         // and a late-placed older value would stand (the simulator found that deadlock; issue 14's
         // adaptive-routing mode must change the credit protocol before this can be lifted).
-        let window = if adaptive && !ctrl { qp.ops.iter().position(|o| o.imm.is_some()).map_or(qp.ops.len(), |i| i + 1) } else { 1 };
+        // Under adaptive routing the receiver's control writes (no immediates) interleave too.
+        let window = if (adaptive && !ctrl) || (ctrl && self.cfg.ar.is_some()) {
+            qp.ops.iter().position(|o| o.imm.is_some()).map_or(qp.ops.len(), |i| i + 1)
+        } else {
+            1
+        };
         let candidates: Vec<usize> = (0..window).filter(|&i| !qp.ops[i].pieces.is_empty() && !qp.ops[i].stuck).collect();
         if let Some(&i) = candidates.get(self.rng.below(candidates.len().max(1))) {
             let op = &qp.ops[i];
@@ -271,8 +292,19 @@ impl Sim {
             if let Some(imm) = op.imm {
                 self.recv_cq.push_back(imm);
             }
-            if let Some(req) = op.signal {
-                self.send_cq.push_back(req);
+            match op.signal {
+                Some(req) if ctrl => self.ctrl_cq.push_back(req),
+                Some(req) => self.send_cq.push_back(req),
+                None => {}
+            }
+        }
+        // Adaptive routing's hazard: the write at the front (everything before it landed) may
+        // deliver its immediate while its own data is still arriving, when it is more than one
+        // packet (PIECE) and above the threshold (what NCCL's IB transport trusts a single
+        // write with its immediate for).
+        if let (Some(t), Some(front)) = (self.cfg.ar, qp.ops.front_mut()) {
+            if front.imm.is_some() && front.len > t.max(PIECE) && !front.stuck && self.rng.chance(30) {
+                self.recv_cq.push_back(front.imm.take().unwrap());
             }
         }
         true

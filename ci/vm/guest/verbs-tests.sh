@@ -61,6 +61,9 @@ for api in 12 11 10 9 8 7 6; do
 done
 # Every message by rendezvous (no eager ring traffic but empty messages) on two QPs, and a large
 # eager limit with four QPs per connection.
+# Adaptive routing forced on (rxe is RoCE: auto leaves it off), every message split from its
+# completion (threshold 0) and credits written one at a time.
+step conformance-v12-ar env NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=0 NCCL_IB_QPS_PER_CONNECTION=2 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
 step conformance-v12-eager0-2qp env RIVET_IB_EAGER_MAX=0 NCCL_IB_QPS_PER_CONNECTION=2 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
 step conformance-v12-eager64k-4qp env RIVET_IB_EAGER_MAX=65536 NCCL_IB_QPS_PER_CONNECTION=4 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
 # The staging engine over verbs: every buffer through a registered bounce buffer and the host
@@ -118,6 +121,7 @@ for api in 9 10 11 12; do
   step "fused-conformance-v$api" ./conformance --lib $LIB --api $api --fuse 0,2 --fuse2 1,3
 done
 step fused-conformance-v12-eager0-4qp env RIVET_IB_EAGER_MAX=0 NCCL_IB_QPS_PER_CONNECTION=2 ./conformance --lib $LIB --api 12 --fuse 0,2 --fuse2 1,3
+step fused-conformance-v12-ar env NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=0 ./conformance --lib $LIB --api 12 --fuse 0,2 --fuse2 1,3
 fused_perf() {
   RIVET_STATS=1 NCCL_DEBUG=INFO ./rivet perf --lib $LIB --dev 0+2,1+3 --sizes 64K,4M --bytes 32M --lat-iters 100 > /tmp/fp.log 2>&1 || { cat /tmp/fp.log; return 1; }
   grep -E "^#|^ +[0-9]|made virtual device|striped" /tmp/fp.log | sort | uniq -c | sort -rn | head -20

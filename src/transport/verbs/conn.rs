@@ -229,6 +229,8 @@ pub struct Common {
     /// The member whose CQ each of `wc` came from (QPNs are per device: two members may have the
     /// same).
     pub(super) wc_member: [u8; POLL_BATCH],
+    /// The member whose CQ the next poll starts at (turns each poll).
+    poll_from: u32,
     /// Posts that waited for room (a send queue full, or too few receives posted): reported
     /// at close with RIVET_STATS=1.
     pub(super) waits: u64,
@@ -291,6 +293,7 @@ impl Common {
             // SAFETY: ibv_wc is plain C data; all-zero is a valid (empty) completion.
             wc: unsafe { std::mem::zeroed() },
             wc_member: [0; POLL_BATCH],
+            poll_from: 0,
             waits: 0,
             member_bytes: [0; super::fuse::MAX_MEMBERS],
         }
@@ -312,7 +315,13 @@ impl Common {
 
     /// A failed post on QP `qpn`: the comm is dead, with the reason.
     pub(super) fn post_failed(&mut self, qpn: u32, what: &str, rc: i32) -> Error {
-        let e = Error::system(format!("{}: {what} failed: {}", self.where_(qpn), std::io::Error::from_raw_os_error(rc)));
+        let m = self.qpns[..self.nqpns].iter().position(|&q| q == qpn).map_or(0, |i| self.qp_member[i] as usize);
+        self.post_failed_on(m, qpn, what, rc)
+    }
+
+    /// As `post_failed`, for a queue pair known to be on member `m` (QPNs are per device).
+    pub(super) fn post_failed_on(&mut self, m: usize, qpn: u32, what: &str, rc: i32) -> Error {
+        let e = Error::system(format!("{}: {what} failed: {}", self.where_on(m, qpn), std::io::Error::from_raw_os_error(rc)));
         self.die(e)
     }
 
@@ -322,8 +331,15 @@ impl Common {
     /// `cqs` are the members' CQs, in member order.
     pub(super) fn poll(&mut self, cqs: &[Cq]) -> Result<usize> {
         let mut n = 0;
-        for (m, cq) in cqs.iter().enumerate() {
-            let k = cq.poll(&mut self.wc[n..])?;
+        // From a member that turns each call, so that a busy one does not keep the others'
+        // completions waiting.
+        self.poll_from = self.poll_from.wrapping_add(1);
+        for i in 0..cqs.len() {
+            let m = (self.poll_from as usize + i) % cqs.len();
+            let k = match cqs[m].poll(&mut self.wc[n..]) {
+                Ok(k) => k,
+                Err(e) => return Err(self.die(Error::system(format!("{}: {e}", self.where_on(m, 0))))),
+            };
             self.wc_member[n..n + k].fill(m as u8);
             n += k;
             if n == POLL_BATCH {
@@ -343,6 +359,11 @@ impl Common {
             self.die(e);
         }
         Ok(n)
+    }
+
+    /// Adaptive routing: on when every member's fabric has it (as net_ib decides for a send comm).
+    pub(super) fn adaptive_routing(&self) -> bool {
+        self.ports.iter().all(|p| p.adaptive_routing)
     }
 
     /// "rxe0:1 QPN 17 (peer ...)": the port of the member QPN `qpn` is on (the first with it).
@@ -539,6 +560,16 @@ pub(super) fn mr_for(mr: Option<MrInfo>, ptr: usize, size: usize, dev: usize, me
 
 pub(super) fn dev_id(port: &IbPort) -> usize {
     &*port.dev as *const _ as usize
+}
+
+/// The identity registrations of a device with these members carry (`MrInfo::dev`): a
+/// physical device's, or a fused device's own (its members' list, made once per fused device),
+/// so that a registration of one fused device is refused on another sharing its first member.
+pub(super) fn members_id(ports: &[&'static IbPort]) -> usize {
+    match ports {
+        [p] => dev_id(p),
+        _ => ports.as_ptr() as usize,
+    }
 }
 
 pub(super) fn post_chain(qp: &QpRts, wrs: &mut [ibv_send_wr], sges: &mut [ibv_sge], k: usize) -> std::result::Result<(), i32> {

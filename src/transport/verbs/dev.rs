@@ -269,6 +269,8 @@ pub struct IbPort {
     /// The plane's index among the distinct planes of the ports found (0: undefined), for a
     /// fused device's plane mask.
     pub plane_idx: u8,
+    /// Adaptive routing on this port's fabric (NCCL_IB_ADAPTIVE_ROUTING; auto: InfiniBand).
+    pub adaptive_routing: bool,
 }
 
 impl IbPort {
@@ -572,6 +574,7 @@ fn open_device(
             rail: filter.map_or(-1, |f| f.rail_plane(name, port).0),
             plane: filter.map_or(-1, |f| f.rail_plane(name, port).1),
             plane_idx: 0,
+            adaptive_routing: cfg.ib_adaptive_routing.unwrap_or(pa.link_layer != IBV_LINK_LAYER_ETHERNET as u8),
         })
         .collect())
 }

@@ -181,8 +181,7 @@ struct MembersMr {
 
 impl Registration for MembersMr {
     fn release(self: Box<Self>) -> Result<()> {
-        members_release(self.ports, &self.mrs);
-        Ok(())
+        members_release(self.ports, &self.mrs)
     }
 }
 
@@ -307,6 +306,7 @@ impl Transport for VerbsDevice {
                     }
                 }
                 info.members = self.ports.len() as u8;
+                info.dev = super::conn::members_id(self.ports);
                 // The ibv_mr of a dma-buf registration has the offset in its addr field; the
                 // buffer the data path checks against is the GPU address range registered.
                 (info.addr, info.len) = (addr, len);

@@ -53,7 +53,7 @@ pub fn check(devs: &[i32], phys: &[MemberInfo], merge_nics: bool, made: usize) -
         if devs[..i].contains(&d) {
             return Err(format!("makeVDevice: device {d} ({}) is listed twice", m.name));
         }
-        if !m.rdma {
+        if !m.rdma && devs.len() > 1 {
             return Err(format!("makeVDevice: device {d} ({}) is a TCP interface; only RDMA ports fuse", m.name));
         }
         let first = &phys[devs[0] as usize];
@@ -138,6 +138,7 @@ mod tests {
         let p = four();
         assert_eq!(check(&[0, 1], &p, true, 0), Ok(()));
         assert_eq!(check(&[1], &p, false, 0), Ok(()), "one member needs no fusion");
+        assert_eq!(check(&[3], &p, true, 0), Ok(()), "one member may be a TCP interface");
         let e = |devs: &[i32], merge: bool, made: usize| check(devs, &p, merge, made).unwrap_err();
         assert!(e(&[], true, 0).contains("no devices"));
         assert!(e(&[0, 1], false, 0).contains("NCCL_IB_MERGE_NICS=0"));

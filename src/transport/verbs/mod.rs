@@ -178,7 +178,9 @@ impl Setup {
             let qps = (0..nq)
                 .map(|q| {
                     let m = fuse::member_of(q, ln);
-                    QpInit::new(ps[m], &cqs[m], caps(depths.recv_sq, depths.recv_rq, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey)
+                    // A fused receiver's CTS entry is 64 bytes: inline too.
+                    let inline = if ln > 1 { conn::SEND_INLINE.max(64) } else { conn::SEND_INLINE };
+                    QpInit::new(ps[m], &cqs[m], caps(depths.recv_sq, depths.recv_rq, inline), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey)
                 })
                 .collect::<Result<Vec<_>>>()?;
             // Two registrations: what the sender writes (the eager ring, the sizes FIFO), and what
@@ -422,8 +424,13 @@ impl Setup {
         let cfg = config::get();
         let mtu = mtu_bytes((p.mtu as u8).min(m.mtu) as u32);
         let (ln, rn) = (self.ports.len(), m.members());
+        let ar = if self.ports.iter().all(|p| p.adaptive_routing) {
+            format!(", adaptive routing (completions apart from data above {} B)", cfg.ib_ar_threshold)
+        } else {
+            String::new()
+        };
         log::info!(
-            "NET/rivet: {} {} over {}{} -> {} {}:{}{} with {} QP(s){}, MTU {mtu}, TC {}, SL {}",
+            "NET/rivet: {} {} over {}{} -> {} {}:{}{} with {} QP(s){}, MTU {mtu}, TC {}, SL {}{ar}",
             if self.send { "connected to" } else { "accepted from" },
             self.peer,
             p.describe(),

@@ -2,7 +2,7 @@
 //! sender writes into events for the [`RecvEngine`], and posts what it answers (clear-to-send
 //! groups, credit words, flush reads) as work requests; copies eager payloads out of the ring.
 
-use super::conn::{dev_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, SqBook, KIND_CTRL, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RING_SLOTS};
+use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, SqBook, KIND_CTRL, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RING_SLOTS};
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
@@ -79,6 +79,10 @@ pub struct VerbsRecv {
     rem_fifo_rkeys: [u32; MAX_MEMBERS],
     /// Members of the sender (queue pair q writes to its member q % rem_members).
     rem_members: usize,
+    /// Adaptive routing on this side's members: credit writes one at a time, the last's place
+    /// in queue pair 0's send queue in `credit_at`.
+    ar: bool,
+    credit_at: Option<u64>,
     eng: RecvEngine,
     /// Receives posted and not yet consumed, per QP, and how many each QP's queue holds.
     posted_recvs: [u32; MAX_QPS],
@@ -128,6 +132,8 @@ impl VerbsRecv {
             rem_fifo_addr: rem_fifo.0,
             rem_fifo_rkeys: rem_fifo.1,
             rem_members,
+            ar: c.adaptive_routing(),
+            credit_at: None,
             eng,
             posted_recvs: [depths.recv_rq; MAX_QPS],
             rq: depths.recv_rq,
@@ -147,13 +153,17 @@ impl VerbsRecv {
     /// signaled, so that it is known complete soon).
     /// `lkeys` are the source's keys per member (a Part's): queue pair q uses our member
     /// q % members' and writes with the sender's member q % rem_members' key.
-    fn post_ctrl(&mut self, q: usize, src: u64, lkey_on: impl Fn(usize) -> u32, len: usize, remote: u64) -> Result<bool> {
+    /// `signal`: signaled even when inline (so that its completion is known).
+    fn post_ctrl(&mut self, q: usize, src: u64, lkey_on: impl Fn(usize) -> u32, len: usize, remote: u64, signal: bool) -> Result<bool> {
         let lkey = lkey_on(member_of(q, self.c.ports.len()));
         let rkey = self.rem_fifo_rkeys[member_of(q, self.rem_members)];
         self.sges[0] = ibv_sge { addr: src, length: len as u32, lkey };
         self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, KIND_CTRL << KIND_SHIFT, remote, rkey, 1);
         let inline = len <= self.qps[q].qp().max_inline as usize;
         self.wrs[0].send_flags |= if inline { IBV_SEND_INLINE } else { IBV_SEND_SIGNALED };
+        if signal {
+            self.wrs[0].send_flags |= IBV_SEND_SIGNALED;
+        }
         self.book.book(q, &mut self.wrs, 1);
         if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
             return Err(self.c.post_failed(self.qps[q].qp().qpn(), "posting a control write", rc));
@@ -208,6 +218,12 @@ impl VerbsRecv {
         if !self.eng.credit_pending() || self.book.room(0) == 0 || !self.recvs_cover(0, 0)? {
             return Ok(()); // none due, or it stays due
         }
+        // Adaptive routing may place two writes of one queue pair out of order, and the credit
+        // word is one address written again and again: an older value placed last would stand.
+        // So one credit write at a time: the next waits until the last is known complete.
+        if self.credit_at.is_some_and(|place| !self.book.done(0, place)) {
+            return Ok(());
+        }
         if let Some(word) = self.eng.credit_due() {
             // The copies out of the released slots (loads) complete before the credit that lets
             // the sender overwrite them is written: Arm may otherwise let the later store (and the
@@ -218,7 +234,10 @@ impl VerbsRecv {
             unsafe { w.add(1).write(word) };
             let scratch = self.scratch;
             let credit = self.rem_fifo_addr + fifo_bytes(self.c.ports.len()) as u64;
-            self.post_ctrl(0, scratch.addr() + 8, |m| scratch.lkey_on(m), 8, credit)?;
+            self.post_ctrl(0, scratch.addr() + 8, |m| scratch.lkey_on(m), 8, credit, self.ar)?;
+            if self.ar {
+                self.credit_at = Some(self.book.last_place(0));
+            }
         }
         Ok(())
     }
@@ -350,7 +369,7 @@ impl Conn for VerbsRecv {
     fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
         self.c.check()?;
         let n = bufs.len().min(MAX_RECVS);
-        let dev = dev_id(self.c.port);
+        let dev = members_id(self.c.ports);
         let ln = self.c.ports.len();
         let mut specs = [RecvSpec::default(); MAX_RECVS];
         // A fused device's keys of each buffer on every member (the CTS entry carries them).
@@ -389,7 +408,7 @@ impl Conn for VerbsRecv {
             }
             let out = self.cts_out;
             let remote = self.rem_fifo_addr + (p.slot * MAX_GROUP * stride) as u64;
-            let inline = self.post_ctrl(p.q, out.addr() + off as u64, |m| out.lkey_on(m), p.n * stride, remote)?;
+            let inline = self.post_ctrl(p.q, out.addr() + off as u64, |m| out.lkey_on(m), p.n * stride, remote, false)?;
             self.cts_reading[stage] = if inline { None } else { Some((p.q as u8, self.book.last_place(p.q))) };
         }
         // Eager messages that arrived before this receive.
@@ -404,7 +423,7 @@ impl Conn for VerbsRecv {
         }
         let Some(b) = bufs.iter().rev().find(|b| !b.buf.is_empty()) else { return Ok(None) };
         let ln = self.c.ports.len();
-        let m = mr_for(b.mr, b.buf.addr(), b.buf.len(), dev_id(self.c.port), ln, IBV_ACCESS_REMOTE_READ, "iflush")?;
+        let m = mr_for(b.mr, b.buf.addr(), b.buf.len(), members_id(self.c.ports), ln, IBV_ACCESS_REMOTE_READ, "iflush")?;
         for k in 0..ln {
             if self.flush_qps[k].is_none() {
                 let q = super::Setup::flush_qp(self.c.ports[k], &self.cqs[k]).map_err(|e| self.c.die(e))?;
@@ -424,7 +443,7 @@ impl Conn for VerbsRecv {
             self.wrs[0].send_flags = IBV_SEND_SIGNALED;
             if let Err(rc) = post_chain(flush_qp, &mut self.wrs, &mut self.sges, 1) {
                 let qpn = flush_qp.qp().qpn();
-                return Err(self.c.post_failed(qpn, "posting the flush read", rc));
+                return Err(self.c.post_failed_on(k, qpn, "posting the flush read", rc));
             }
         }
         Ok(Some(req as u32))

@@ -87,22 +87,32 @@ pub fn members_register(ports: &'static [&'static IbPort], addr: usize, size: us
                 }
             }
             Err(e) => {
-                members_release(ports, &mrs);
+                if let Err(r) = members_release(ports, &mrs) {
+                    log::warn!("NET/rivet: {r}");
+                }
                 return Err(e);
             }
         }
     }
     info.members = ports.len() as u8;
+    info.dev = super::conn::members_id(ports);
     Ok((info, mrs))
 }
 
-/// Release what [`members_register`] made (logging failures: nothing else can be done).
-pub fn members_release(ports: &[&'static IbPort], mrs: &[usize]) {
+/// Release what [`members_register`] made, every member's; the first failure is returned (and
+/// the others logged).
+pub fn members_release(ports: &[&'static IbPort], mrs: &[usize]) -> Result<()> {
+    let mut first = None;
     for (p, &mr) in ports.iter().zip(mrs) {
         if let Err(e) = verbs_release(p, mr) {
-            log::warn!("NET/rivet: {e}");
+            if first.is_none() {
+                first = Some(e);
+            } else {
+                log::warn!("NET/rivet: {e}");
+            }
         }
     }
+    first.map_or(Ok(()), Err)
 }
 
 /// Bounce buffers of a staged comm on an RDMA device (every member of a fused one).
@@ -129,7 +139,9 @@ impl Registrar for VerbsRegistrar {
         // SAFETY: `register` made this handle from a boxed Vec of the members' MRs, and the
         // staging engine releases each handle once.
         let mrs = unsafe { Box::from_raw(handle as *mut Vec<usize>) };
-        members_release(self.ports, &mrs);
+        if let Err(e) = members_release(self.ports, &mrs) {
+            log::warn!("NET/rivet: staging bounce buffer: {e}");
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The sending shell: reads the clear-to-send FIFO and the credit word the receiver writes into
 //! our memory, feeds them to the [`SendEngine`], and posts what it answers as work requests.
 
-use super::conn::{dev_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, SqBook, KIND_CTRL, KIND_SEND, KIND_SHIFT};
+use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, SqBook, KIND_CTRL, KIND_SEND, KIND_SHIFT};
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::Result;
 use crate::proto::send::{Close, Origin, RdvStep, RingSpec, SendEngine, SendPlan, SEND_REQS};
@@ -91,7 +91,8 @@ impl VerbsSend {
         ring: Ring,
         rem_members: usize,
     ) -> VerbsSend {
-        let eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, Origin::default());
+        let mut eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, Origin::default());
+        eng.set_adaptive_routing(c.adaptive_routing().then_some(crate::config::get().ib_ar_threshold));
         let keyed = if rem_members > 1 { FIFO_DEPTH * MAX_GROUP } else { 0 };
         VerbsSend {
             qps,
@@ -160,6 +161,12 @@ impl VerbsSend {
             for (r, e) in g.iter_mut().enumerate().take(n).skip(1) {
                 *e = self.entry(slot, r);
             }
+            // Every entry's own stamp, not only the first's: a group larger than a packet (8
+            // entries of a fused receiver at MTU 256), or placed out of order under adaptive
+            // routing, may show its first entry before its others.
+            if g[1..n].iter().any(|e| e.stamp != g[0].stamp) {
+                break;
+            }
             fence(Ordering::Acquire);
             if self.rem_members > 1 {
                 for r in 0..n {
@@ -209,9 +216,24 @@ impl VerbsSend {
         self.sges[0] = ibv_sge { addr: hp as u64, length: EAGER_HDR as u32, lkey: self.hdrs.lkey() };
         self.sges[1] = ibv_sge { addr: data, length: size as u32, lkey };
         let remote = self.ring.addr + (ring_slot * slot_bytes(self.ring.eager_max)) as u64;
+        let imm = Imm::Eager(ring_slot as u32).encode().to_be();
+        if self.eng.ar_split(EAGER_HDR + size) {
+            // Adaptive routing, above its threshold: the header and payload as a plain write,
+            // then the immediate alone (a zero-byte send), completed only once the write landed.
+            self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, remote, self.ring.rkeys[0], if size > 0 { 2 } else { 1 });
+            self.wrs[1] = rdma_wr(IBV_WR_SEND_WITH_IMM, wr_id, 0, 0, 0);
+            self.wrs[1].__bindgen_anon_1.imm_data = imm;
+            self.wrs[1].send_flags = IBV_SEND_SIGNALED;
+            self.book.book(0, &mut self.wrs, 2);
+            // post_chain points wrs[0] at sges[0..2] (its num_sge) and wrs[1] at none.
+            if let Err(rc) = post_chain(&self.qps[0], &mut self.wrs, &mut self.sges, 2) {
+                return Err(self.c.post_failed(self.qps[0].qp().qpn(), "ibv_post_send (eager)", rc));
+            }
+            return Ok(false);
+        }
         self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, remote, self.ring.rkeys[0], if size > 0 { 2 } else { 1 });
         self.wrs[0].sg_list = self.sges.as_mut_ptr();
-        self.wrs[0].__bindgen_anon_1.imm_data = Imm::Eager(ring_slot as u32).encode().to_be();
+        self.wrs[0].__bindgen_anon_1.imm_data = imm;
         let inline = !on_gpu && EAGER_HDR + size <= self.qps[0].qp().max_inline as usize;
         if inline && self.book.signals_next(0) {
             // This one will be signaled: reap the completions before it first. Nothing else
@@ -270,8 +292,10 @@ impl VerbsSend {
                 }
                 Some(Close::OnData) => self.wrs[n - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
                 Some(Close::Empty) => {
-                    self.wrs[0] = rdma_wr(IBV_WR_SEND_WITH_IMM, wr_id, 0, 0, 0);
-                    n = 1;
+                    // After this step's data write, if any (adaptive routing: the immediate
+                    // alone, completed only once the write before it has landed).
+                    self.wrs[n] = rdma_wr(IBV_WR_SEND_WITH_IMM, wr_id, 0, 0, 0);
+                    n += 1;
                 }
             }
             if s.close.is_some() {
@@ -349,7 +373,7 @@ impl Conn for VerbsSend {
     fn isend_partial(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
         self.c.check()?;
         let size = data.len();
-        let m = if size > 0 { mr_for(mr, data.addr(), size, dev_id(self.c.port), self.c.ports.len(), 0, "isend")? } else { MrInfo::default() };
+        let m = if size > 0 { mr_for(mr, data.addr(), size, members_id(self.c.ports), self.c.ports.len(), 0, "isend")? } else { MrInfo::default() };
         let lkeys: [u32; MAX_MEMBERS] = std::array::from_fn(|i| m.lkey_on(i));
         if !self.can_post()? {
             // The send queues are full of work requests not yet known complete: not yet.
