@@ -88,7 +88,9 @@ impl Log for Bridge {
                 Level::Info | Level::Debug => "INFO",
                 Level::Trace => "TRACE",
             };
-            let _ = writeln!(std::io::stderr().lock(), "{host}:{pid}:{tid} [rivet] NCCL {lvl} {msg}");
+            // One write per line: processes sharing stderr (ranks) must not interleave within one.
+            let line = format!("{host}:{pid}:{tid} [rivet] NCCL {lvl} {msg}\n");
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
         }
     }
 
