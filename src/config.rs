@@ -60,7 +60,12 @@ pub const VARS: &[Var] = &[
     Var {
         name: "RIVET_IBVERBS_LIB",
         default: "libibverbs.so.1",
-        meaning: "The libibverbs rivet dlopens (a name on the loader path or an absolute path).",
+        meaning: "The libibverbs rivet dlopens (a name on the loader path or an absolute path); unset: NCCL_IBVERBS_LIB's.",
+    },
+    Var {
+        name: "NCCL_IBVERBS_LIB",
+        default: "unset",
+        meaning: "As NCCL: the libibverbs to dlopen first; if it does not load, libibverbs.so.1 is tried (RIVET_IBVERBS_LIB, when set, is used instead, and alone).",
     },
     Var {
         name: "NCCL_IB_HCA",
@@ -103,9 +108,14 @@ pub const VARS: &[Var] = &[
         meaning: "Traffic class (0-255) of the queue pairs; unset: the communicator's trafficClass, else 0.",
     },
     Var {
+        name: "NCCL_IB_FIFO_TC",
+        default: "unset",
+        meaning: "RoCE traffic class (0-255) of the receiver's queue pairs, which carry the clear-to-send entries and credits (control traffic); unset: the sender's (NCCL_IB_TC's).",
+    },
+    Var {
         name: "NCCL_IB_SL",
         default: "unset",
-        meaning: "InfiniBand service level (0-15); unset: 0.",
+        meaning: "InfiniBand service level (0-15); unset: the communicator's trafficClass (its low 4 bits), else 0.",
     },
     Var {
         name: "NCCL_IB_PKEY",
@@ -202,6 +212,7 @@ pub struct Config {
     pub ib_retry_cnt: u8,
     pub ib_tc: Option<u8>,
     pub ib_sl: Option<u8>,
+    pub ib_fifo_tc: Option<u8>,
     pub ib_pkey: u16,
     pub ib_qps: usize,
     pub ib_merge_nics: bool,
@@ -373,11 +384,13 @@ impl Config {
             ib_retry_cnt: int_var(get, "NCCL_IB_RETRY_CNT", 0, 7) as u8,
             ib_tc: opt_int_var(get, "NCCL_IB_TC", 0, 255, "unset").map(|v| v as u8),
             ib_sl: opt_int_var(get, "NCCL_IB_SL", 0, 15, "unset").map(|v| v as u8),
+            ib_fifo_tc: opt_int_var(get, "NCCL_IB_FIFO_TC", 0, 255, "unset").map(|v| v as u8),
             ib_pkey: int_var(get, "NCCL_IB_PKEY", 0, 65535) as u16,
             ib_qps: int_var(get, "NCCL_IB_QPS_PER_CONNECTION", 1, 16) as usize,
             ib_merge_nics: int_var(get, "NCCL_IB_MERGE_NICS", 0, 1) == 1,
-            ib_adaptive_routing: opt_int_var(get, "NCCL_IB_ADAPTIVE_ROUTING", 0, 1, "auto").map(|v| v == 1),
-            ib_ar_threshold: int_var(get, "NCCL_IB_AR_THRESHOLD", 0, 1 << 30) as usize,
+            // net_ib's -2 means its default for both.
+            ib_adaptive_routing: opt_int_var(&|n| get(n).filter(|v| v.trim() != "-2"), "NCCL_IB_ADAPTIVE_ROUTING", 0, 1, "auto").map(|v| v == 1),
+            ib_ar_threshold: int_var(&|n| get(n).filter(|v| v.trim() != "-2"), "NCCL_IB_AR_THRESHOLD", 0, 1 << 30) as usize,
             ib_relaxed_ordering: int_var(get, "NCCL_IB_PCI_RELAXED_ORDERING", 0, 2) as u32,
             ib_eager_max: int_var(get, "RIVET_IB_EAGER_MAX", 0, 262144) as usize,
             gdr_flush_disable: int_var(get, "NCCL_GDR_FLUSH_DISABLE", 0, 1) == 1,
@@ -487,6 +500,15 @@ mod tests {
         assert_eq!(c.ib_addr_range, Some(("10.1.0.0".parse().unwrap(), 16)));
         assert_eq!(c.ib_addr_family, libc::AF_INET6);
         assert_eq!(parse_cidr("fd00::/8"), Some(("fd00::".parse().unwrap(), 8)));
+        // Adaptive routing: auto by default, net_ib's -2 is auto, 0/1 force it.
+        assert_eq!((Config::from_env_with(&|_| None).ib_adaptive_routing, Config::from_env_with(&|_| None).ib_ar_threshold), (None, 8192));
+        let ar = |v: &'static str| move |n: &str| (n == "NCCL_IB_ADAPTIVE_ROUTING" || n == "NCCL_IB_AR_THRESHOLD").then(|| v.to_string());
+        let c = Config::from_env_with(&ar("-2"));
+        assert_eq!((c.ib_adaptive_routing, c.ib_ar_threshold), (None, 8192));
+        let c = Config::from_env_with(&ar("1"));
+        assert_eq!((c.ib_adaptive_routing, c.ib_ar_threshold), (Some(true), 1));
+        let c = Config::from_env_with(&ar("0"));
+        assert_eq!((c.ib_adaptive_routing, c.ib_ar_threshold), (Some(false), 0));
         assert_eq!(parse_cidr("10.0.0.0/33"), None);
         assert_eq!(parse_cidr("10.0.0.0"), None);
     }

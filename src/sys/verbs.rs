@@ -1,4 +1,5 @@
-//! libibverbs loaded with dlopen, as NCCL itself does: `RIVET_IBVERBS_LIB` or `libibverbs.so.1`.
+//! libibverbs loaded with dlopen, as NCCL itself does: `RIVET_IBVERBS_LIB`, else `NCCL_IBVERBS_LIB`
+//! (then `libibverbs.so.1` if that does not load), else `libibverbs.so.1`.
 //! Linking it instead would make the plugin fail to load on a host without rdma-core, or on one
 //! whose rdma-core lacks a symbol version the build machine had. Required symbols are resolved at
 //! load (a missing one is a clear error naming it); newer ones are optional.
@@ -207,8 +208,15 @@ static VERBS: OnceLock<Result<Verbs, LoadError>> = OnceLock::new();
 pub fn get() -> Result<&'static Verbs, LoadError> {
     VERBS
         .get_or_init(|| {
-            let path = crate::config::env("RIVET_IBVERBS_LIB").unwrap_or_else(|| DEFAULT_LIB.to_string());
-            let v = Verbs::load(&path)?;
+            let v = match (crate::config::env("RIVET_IBVERBS_LIB"), crate::config::env("NCCL_IBVERBS_LIB")) {
+                (Some(p), _) => Verbs::load(&p)?,
+                // As NCCL: the named library first, then the default.
+                (None, Some(p)) => Verbs::load(&p).or_else(|e| {
+                    log::info!("NET/rivet: NCCL_IBVERBS_LIB: {}; trying {DEFAULT_LIB}", e.0);
+                    Verbs::load(DEFAULT_LIB)
+                })?,
+                (None, None) => Verbs::load(DEFAULT_LIB)?,
+            };
             if let Some(f) = v.fork_init {
                 // A no-op on kernels with native fork support; elsewhere it keeps registered
                 // memory away from children (NCCL calls it too).

@@ -130,6 +130,8 @@ fused_perf() {
   grep -qE "bytes sent per member: rxe1:1 [1-9][0-9]*, rxe3:1 0[[:space:]]*$" /tmp/fp.log || { echo "rank 1's small answers did not stay on its first member"; return 1; }
 }
 step fused-perf fused_perf
+# A checksummed stream through the fused pair, adaptive routing forced on: every byte checked.
+step fused-soak env NCCL_IB_ADAPTIVE_ROUTING=1 ./rivet soak --lib $LIB --dev 0+2,1+3 --minutes 1 --max-size 4M
 # Last, because it takes the wire down: the link fails mid-transfer. rivet perf must fail within
 # a bounded time (no hang), and the WARNs must say the port went down (the PORT_ERR asynchronous
 # event, or the port's state when the event has not arrived yet).

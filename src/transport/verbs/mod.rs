@@ -40,6 +40,20 @@ use std::time::{Duration, Instant};
 
 const READY: u8 = 0x52;
 
+/// The sender's traffic class and service level, as net_ib chooses them (and sends them to the
+/// receiver): NCCL_IB_TC / NCCL_IB_SL, else the communicator's traffic class (v10+; for the
+/// service level its low 4 bits), else 0.
+fn sender_qos(ib_tc: Option<u8>, ib_sl: Option<u8>, comm_tc: Option<u8>) -> (u8, u8) {
+    (ib_tc.or(comm_tc).unwrap_or(0), ib_sl.or(comm_tc.map(|t| t & 0xf)).unwrap_or(0))
+}
+
+/// The traffic class of the receiver's queue pairs, which carry its control writes (CTS entries,
+/// credits): NCCL_IB_FIFO_TC on RoCE, else the sender's.
+fn receiver_tc(fifo_tc: Option<u8>, roce: bool, sender_tc: u8) -> u8 {
+    fifo_tc.filter(|_| roce).unwrap_or(sender_tc)
+}
+
+
 /// Local resources of a connection before its QPs are connected.
 enum Local {
     Send { qps: Vec<QpInit>, cqs: Vec<Cq>, mem: [RegBuf; 2], parts: send::Parts },
@@ -108,8 +122,7 @@ impl Setup {
         let nqps = fuse::nqps(ports.len(), rem_members, cfg.ib_qps, MAX_QPS);
         let mut s = Setup::new(ports, name, true, link, nqps);
         s.rem_members = rem_members;
-        s.tc = cfg.ib_tc.or(traffic_class).unwrap_or(0);
-        s.sl = cfg.ib_sl.unwrap_or(0);
+        (s.tc, s.sl) = sender_qos(cfg.ib_tc, cfg.ib_sl, traffic_class);
         s.create_local()?;
         s.step = Step::Exchange;
         Ok(s)
@@ -301,7 +314,7 @@ impl Setup {
         // Queue pair q: our member q % ln to the peer's member q % rn.
         let params = |p: &IbPort, r: &MemberMeta| PathParams {
             mtu: (p.mtu as u8).min(r.mtu) as u32,
-            tc: if self.send { self.tc } else { m.tc },
+            tc: if self.send { self.tc } else { receiver_tc(cfg.ib_fifo_tc, p.is_roce(), m.tc) },
             sl: if self.send { self.sl } else { m.sl },
             timeout: cfg.ib_timeout,
             retry_cnt: cfg.ib_retry_cnt,
@@ -441,7 +454,7 @@ impl Setup {
             if rn > 1 { format!(" (+{} member(s))", rn - 1) } else { String::new() },
             qps.len(),
             if ln > 1 || rn > 1 { " striped over the members" } else { "" },
-            if self.send { self.tc } else { m.tc },
+            if self.send { self.tc } else { receiver_tc(cfg.ib_fifo_tc, p.is_roce(), m.tc) },
             if self.send { self.sl } else { m.sl }
         );
         let qpns: Vec<u32> = qps.iter().map(|q| q.qp().qpn()).collect();
@@ -457,5 +470,21 @@ impl Setup {
                 Box::new(VerbsRecv::new(c, qps, cqs, mem, parts, cfg.ib_eager_max, (m.fifo_addr, fifo_keys), rn))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod qos_tests {
+    use super::*;
+
+    #[test]
+    fn traffic_classes_and_service_levels_fall_back_as_net_ib_does() {
+        assert_eq!(sender_qos(None, None, None), (0, 0));
+        assert_eq!(sender_qos(None, None, Some(106)), (106, 106 & 0xf), "the communicator's class for both");
+        assert_eq!(sender_qos(Some(32), Some(3), Some(106)), (32, 3), "the variables win");
+        assert_eq!(sender_qos(Some(32), None, None), (32, 0));
+        assert_eq!(receiver_tc(Some(8), true, 106), 8, "NCCL_IB_FIFO_TC on RoCE");
+        assert_eq!(receiver_tc(Some(8), false, 106), 106, "not on InfiniBand");
+        assert_eq!(receiver_tc(None, true, 106), 106);
     }
 }
