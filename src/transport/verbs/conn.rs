@@ -315,8 +315,7 @@ impl Common {
 
     /// A failed post on QP `qpn`: the comm is dead, with the reason.
     pub(super) fn post_failed(&mut self, qpn: u32, what: &str, rc: i32) -> Error {
-        let m = self.qpns[..self.nqpns].iter().position(|&q| q == qpn).map_or(0, |i| self.qp_member[i] as usize);
-        self.post_failed_on(m, qpn, what, rc)
+        self.post_failed_on(self.member_of_qpn(qpn), qpn, what, rc)
     }
 
     /// As `post_failed`, for a queue pair known to be on member `m` (QPNs are per device).
@@ -361,15 +360,19 @@ impl Common {
         Ok(n)
     }
 
-    /// Adaptive routing: on when every member's fabric has it (as net_ib decides for a send comm).
+    /// Adaptive routing on this comm's device (see the free function).
     pub(super) fn adaptive_routing(&self) -> bool {
-        self.ports.iter().all(|p| p.adaptive_routing)
+        adaptive_routing(self.ports)
+    }
+
+    /// The member QPN `qpn` is on (the first with it: QPNs are per device; 0 if none).
+    fn member_of_qpn(&self, qpn: u32) -> usize {
+        self.qpns[..self.nqpns].iter().position(|&q| q == qpn).map_or(0, |i| self.qp_member[i] as usize)
     }
 
     /// "rxe0:1 QPN 17 (peer ...)": the port of the member QPN `qpn` is on (the first with it).
     pub(super) fn where_(&self, qpn: u32) -> String {
-        let m = self.qpns[..self.nqpns].iter().position(|&q| q == qpn).map_or(0, |i| self.qp_member[i] as usize);
-        self.where_on(m, qpn)
+        self.where_on(self.member_of_qpn(qpn), qpn)
     }
 
     pub(super) fn where_on(&self, m: usize, qpn: u32) -> String {
@@ -560,6 +563,12 @@ pub(super) fn mr_for(mr: Option<MrInfo>, ptr: usize, size: usize, dev: usize, me
 
 pub(super) fn dev_id(port: &IbPort) -> usize {
     &*port.dev as *const _ as usize
+}
+
+/// Adaptive routing on a device of these members: when every member's fabric has it (as net_ib
+/// decides for a send comm).
+pub(super) fn adaptive_routing(ports: &[&'static IbPort]) -> bool {
+    ports.iter().all(|p| p.adaptive_routing)
 }
 
 /// The identity registrations of a device with these members carry (`MrInfo::dev`): a

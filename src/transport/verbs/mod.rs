@@ -437,7 +437,7 @@ impl Setup {
         let cfg = config::get();
         let mtu = mtu_bytes((p.mtu as u8).min(m.mtu) as u32);
         let (ln, rn) = (self.ports.len(), m.members());
-        let ar = if self.ports.iter().all(|p| p.adaptive_routing) {
+        let ar = if conn::adaptive_routing(self.ports) {
             format!(", adaptive routing (completions apart from data above {} B)", cfg.ib_ar_threshold)
         } else {
             String::new()
