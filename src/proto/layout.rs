@@ -188,6 +188,27 @@ pub mod notice {
     const _: () = assert!(fits(&[MAGIC, KIND, SEND_SIZE, RECV_SIZE, TAG], SIZE));
 }
 
+/// Failover notices on the same socket, after the 32-byte notice's magic and kind: kind 2 (a side
+/// found queue pairs dead) and kind 3 (the receiver's account of what arrived), whose records
+/// follow it.
+pub mod failover {
+    use super::{f, fits, F};
+    pub const DEAD: F = f(8, 4);
+    pub const COUNT: F = f(12, 4);
+    pub const RING: F = f(16, 8);
+    pub const CTS_END: F = f(24, 8);
+    const _: () = assert!(fits(&[super::notice::MAGIC, super::notice::KIND, DEAD, COUNT, RING, CTS_END], super::notice::SIZE));
+    /// One record per receive the sender may still write into.
+    pub mod rec {
+        use super::super::{f, fits, F};
+        pub const SIZE: usize = 32;
+        pub const CTS: F = f(0, 8);
+        pub const N: F = f(8, 1);
+        pub const PARTS: F = f(16, 16);
+        const _: () = assert!(fits(&[CTS, N, PARTS], SIZE));
+    }
+}
+
 /// The formats the NIC writes, as `#[repr(C)]` structs: their layout is the table, checked here.
 mod structs {
     use super::super::verbs::{Cts, EagerHdr, EAGER_HDR};

@@ -11,7 +11,7 @@ use layout::{get, get_u16, get_u32, get_u64, get_u8, put, put_u16, put_u32, put_
 pub const HANDLE_SIZE: usize = layout::handle::SIZE;
 const HANDLE_MAGIC: u32 = 0x5256_4e54; // "RVNT"
 /// Bumped whenever a wire format changes: ranks must run one rivet build.
-pub const PROTO_VERSION: u8 = 5;
+pub const PROTO_VERSION: u8 = 6;
 /// Requests NCCL keeps in flight per comm at most (NCCL_NET_MAX_REQUESTS, checked against the
 /// ABI's constant in `abi::types`): what the request slots of every transport are sized for.
 pub const NCCL_INFLIGHT: usize = 32;
@@ -43,6 +43,9 @@ pub enum ProtoError {
     CorruptSize { size: u64, recv: u64 },
     NotInFlight { req: u32, send: bool },
     TooManyFlushes { max: usize },
+    /// The receiver's account after a failover contradicts the sender's (`got`: the receiver's
+    /// value, `have`: the sender's).
+    CorruptResync { what: &'static str, got: u64, have: u64 },
 }
 
 impl ProtoError {
@@ -113,6 +116,10 @@ impl std::fmt::Display for Explain<'_> {
                 write!(f, "test on {} request {req}, which is not in flight", if send { "send" } else { "receive" })
             }
             ProtoError::TooManyFlushes { max } => write!(f, "more than {max} flushes in flight on one comm"),
+            ProtoError::CorruptResync { what, got, have } => write!(
+                f,
+                "the receiver's account after a failover does not fit what this sender sent ({what}: {got:#x} against {have:#x})"
+            ),
         }
     }
 }

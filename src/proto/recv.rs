@@ -7,7 +7,7 @@
 //! Answers: write this clear-to-send group into the sender's FIFO, copy this payload out of that
 //! ring slot, write this credit word, complete this request, report a mismatch.
 
-use super::verbs::{seq_offset, Cts, EagerHdr, EAGER_DATA, EAGER_URGENT, FIFO_DEPTH, MAX_GROUP};
+use super::verbs::{seq_offset, Cts, EagerHdr, Resync, ResyncRecv, EAGER_DATA, EAGER_URGENT, FIFO_DEPTH, MAX_GROUP};
 use super::ProtoError;
 use std::collections::VecDeque;
 
@@ -66,7 +66,7 @@ struct Entry {
     /// Matched by a send (eager data, or a rendezvous whose parts are arriving).
     taken: bool,
     got: u64,
-    /// Rendezvous parts (one per queue pair) arrived.
+    /// Rendezvous parts arrived: bit q is the part of logical queue pair q.
     parts: u16,
 }
 
@@ -81,6 +81,8 @@ struct RecvReq {
     left: u8,
     /// Sequence number of this receive's first send.
     base: u32,
+    /// Its clear-to-send index, if `cts`.
+    cts_index: u64,
     entries: [Entry; MAX_GROUP],
 }
 
@@ -113,6 +115,9 @@ pub struct RecvEngine {
     reqs: Box<[RecvReq]>,
     free: Vec<u16>,
     free_flush: Vec<u16>,
+    /// Rendezvous parts that arrived a second time (ignored; a failover that resent what had
+    /// arrived would show here).
+    pub dup_parts: u64,
 }
 
 impl RecvEngine {
@@ -138,6 +143,7 @@ impl RecvEngine {
             reqs: vec![RecvReq::default(); RECV_REQS + FLUSH_REQS].into_boxed_slice(),
             free,
             free_flush,
+            dup_parts: 0,
         }
     }
 
@@ -161,6 +167,7 @@ impl RecvEngine {
             e.spec = *b;
         }
         let mut cts = None;
+        let cts_index = self.cts_tail;
         if bufs.iter().any(|b| b.size > self.eager_max as u64) {
             let slot = (self.cts_tail % FIFO_DEPTH as u64) as usize;
             let stamp = (self.cts_tail + 1) as u32;
@@ -173,7 +180,7 @@ impl RecvEngine {
             self.cts_owner[slot] = req;
             self.cts_tail += 1;
         }
-        self.reqs[req as usize] = RecvReq { posted: true, flush: false, cts: cts.is_some(), n: n as u8, left: n as u8, base, entries };
+        self.reqs[req as usize] = RecvReq { posted: true, flush: false, cts: cts.is_some(), n: n as u8, left: n as u8, base, cts_index, entries };
         self.next_base = base.wrapping_add(n as u32);
         self.order.push_back(req);
         RecvPlan::Posted { req, cts }
@@ -210,12 +217,12 @@ impl RecvEngine {
         self.ring_arrived += 1;
     }
 
-    /// A completion with a rendezvous immediate: one queue pair's part of the send into buffer
-    /// `entry` of FIFO slot `slot`'s receive landed. `size` is the send's size from the
+    /// A completion with a rendezvous immediate: part `part` (logical queue pair) of the send into
+    /// buffer `entry` of FIFO slot `slot`'s receive landed. `size` is the send's size from the
     /// immediate (a connection of one queue pair, a send below IMM_SIZE_LIMIT), or else the sizes
     /// FIFO word for that buffer as read now (valid once every part has arrived: queue pair 0
     /// writes it before its immediate).
-    pub fn on_rdv_imm(&mut self, slot: u32, entry: u32, size: u64) -> Result<(), ProtoError> {
+    pub fn on_rdv_imm(&mut self, slot: u32, entry: u32, part: u32, size: u64) -> Result<(), ProtoError> {
         // The sender names the FIFO slot itself (below FIFO_DEPTH); anything above is corrupt,
         // not another name for a slot in use.
         let Some(&owner) = self.cts_owner.get(slot as usize) else {
@@ -224,13 +231,17 @@ impl RecvEngine {
         let owner = owner as usize;
         let r = &mut self.reqs[owner];
         let e = entry as usize;
-        if !r.posted || r.flush || e >= r.n as usize || r.entries[e].done {
+        if !r.posted || r.flush || e >= r.n as usize || r.entries[e].done || part as usize >= self.nqps {
             return Err(ProtoError::StrayImm { slot, entry });
         }
         let en = &mut r.entries[e];
         en.taken = true;
-        en.parts += 1;
-        if en.parts as usize == self.nqps {
+        if en.parts & (1 << part) != 0 {
+            self.dup_parts += 1;
+            return Ok(());
+        }
+        en.parts |= 1 << part;
+        if en.parts.count_ones() as usize == self.nqps {
             if size > en.spec.size {
                 return Err(ProtoError::CorruptSize { size, recv: en.spec.size });
             }
@@ -239,6 +250,52 @@ impl RecvEngine {
             r.left -= 1;
         }
         Ok(())
+    }
+
+    /// What arrived, for the sender after queue pairs failed (the shell drained the dead ones
+    /// first, so nothing more arrives through them): the eager slots, and the rendezvous parts
+    /// of every incomplete receive with a clear-to-send out. `dead`: the failed queue pairs.
+    pub fn resync(&self, dead: u32) -> Resync {
+        let full = ((1u32 << self.nqps) - 1) as u16;
+        let recvs = self
+            .order
+            .iter()
+            .map(|&i| &self.reqs[i as usize])
+            .filter(|r| r.cts && r.left > 0)
+            .map(|r| ResyncRecv {
+                cts: r.cts_index,
+                n: r.n,
+                parts: std::array::from_fn(|e| if r.entries[e].done { full } else { r.entries[e].parts }),
+            })
+            .collect();
+        Resync { dead, ring_arrived: self.ring_arrived, cts_end: self.cts_tail, recvs }
+    }
+
+    /// The clear-to-send groups of every incomplete receive that posted one, to write again after
+    /// queue pairs failed (a group lost with them would leave its sends waiting; one that did
+    /// arrive is written with the same bytes, and its slot is not reused before its receive
+    /// completes). Each with its receive's request slot.
+    pub fn cts_outstanding(&self) -> Vec<(u16, CtsPlan)> {
+        self.order
+            .iter()
+            .filter(|&&i| self.reqs[i as usize].cts && self.reqs[i as usize].left > 0)
+            .map(|&i| {
+                let r = &self.reqs[i as usize];
+                let n = r.n as usize;
+                let stamp = (r.cts_index + 1) as u32;
+                let mut entries = [Cts::default(); MAX_GROUP];
+                for (o, e) in entries.iter_mut().zip(&r.entries[..n]) {
+                    *o = Cts::new(e.spec.addr, e.spec.size, e.spec.rkey, e.spec.tag, n, r.base, stamp);
+                }
+                let slot = (r.cts_index % FIFO_DEPTH as u64) as usize;
+                (i, CtsPlan { slot, q: (r.cts_index % self.nqps as u64) as usize, n, entries })
+            })
+            .collect()
+    }
+
+    /// The credit word last written (to write again after queue pairs failed).
+    pub fn credits_sent(&self) -> u64 {
+        self.credits_sent
     }
 
     /// The ring slot whose header to read next, if one has arrived and is not matched yet.
@@ -380,10 +437,11 @@ mod tests {
         let RecvPlan::Posted { cts: Some(c), .. } = eng.post(&[big(&eng)]) else { panic!("no clear-to-send") };
         // The same slot plus FIFO_DEPTH names no buffer, though it wraps onto the posted one.
         let stray = (c.slot + FIFO_DEPTH) as u32;
-        assert!(matches!(eng.on_rdv_imm(stray, 0, 1), Err(ProtoError::StrayImm { .. })));
-        assert!(matches!(eng.on_rdv_imm(u32::MAX, 0, 1), Err(ProtoError::StrayImm { .. })));
+        assert!(matches!(eng.on_rdv_imm(stray, 0, 0, 1), Err(ProtoError::StrayImm { .. })));
+        assert!(matches!(eng.on_rdv_imm(u32::MAX, 0, 0, 1), Err(ProtoError::StrayImm { .. })));
+        assert!(matches!(eng.on_rdv_imm(c.slot as u32, 0, 1, 1), Err(ProtoError::StrayImm { .. })), "a part beyond the queue pairs");
         // The real slot still completes the receive.
-        eng.on_rdv_imm(c.slot as u32, 0, 5).unwrap();
+        eng.on_rdv_imm(c.slot as u32, 0, 0, 5).unwrap();
         let mut sizes = [0; MAX_GROUP];
         assert_eq!(eng.take(0, &mut sizes).unwrap(), Some(1));
         assert_eq!(sizes[0], 5);

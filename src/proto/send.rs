@@ -7,7 +7,7 @@
 //! the NIC writes, so the simulator in `tests/sim/` can run it against the receiving half under
 //! any schedule. See `docs/protocol.md` for the protocol and `docs/architecture.md` for the shell.
 
-use super::verbs::{qp_chunk, seq_offset, Cts, EagerHdr, Imm, EAGER_DATA, EAGER_RTS, EAGER_URGENT, FIFO_DEPTH, IMM_SIZE_LIMIT, MAX_GROUP, MAX_QPS, SIZES_ENTRY};
+use super::verbs::{qp_chunk, seq_offset, Cts, EagerHdr, Imm, Resync, EAGER_DATA, EAGER_RTS, EAGER_URGENT, FIFO_DEPTH, IMM_SIZE_LIMIT, MAX_GROUP, MAX_QPS, SIZES_ENTRY};
 use super::ProtoError;
 use std::collections::VecDeque;
 
@@ -47,7 +47,8 @@ pub enum SendPlan {
     Announce { ring_slot: usize, hdr_slot: usize, hdr: EagerHdr },
     /// Write `hdr` (from header buffer `req`) and the payload into ring slot `ring_slot`, with
     /// the immediate [`Imm::Eager`]. Call [`SendEngine::on_completion`] once the write completed
-    /// (at once, for a write whose bytes went inline).
+    /// (at once, for a write whose bytes went inline: the shell then keeps a copy of the payload
+    /// until the receiver's credit returns the slot, in case it must be sent again).
     Eager { req: u16, ring_slot: usize, hdr: EagerHdr },
     /// A rendezvous send into `target`: write the size word at `sizes_off` of the transport's
     /// sizes buffer, then post [`SendEngine::rdv_steps`] as the payload becomes readable.
@@ -60,13 +61,25 @@ pub struct RdvTarget {
     pub addr: u64,
     pub rkey: u32,
     pub size: usize,
-    /// Immediate data (host order) of each queue pair's completing write.
+    /// Immediate data (host order) of part 0's completing write (see [`RdvTarget::imm_of`]).
     pub imm: u32,
     /// The immediate carries the size (one queue pair, a send below IMM_SIZE_LIMIT): the data
     /// write completes the send, and no size word is written.
     pub sized: bool,
     /// Offset of this send's size word in the sizes FIFO (the same in the sender's staging copy).
     pub sizes_off: u64,
+}
+
+impl RdvTarget {
+    /// The immediate of part `q`'s completing write: it names the part (unless it carries the
+    /// size, on a connection of one queue pair).
+    pub fn imm_of(&self, q: usize) -> u32 {
+        if self.sized {
+            self.imm
+        } else {
+            self.imm | ((q as u32 & 0xf) << 10)
+        }
+    }
 }
 
 /// How a queue pair's part of a rendezvous send is completed, once all its bytes are posted.
@@ -98,6 +111,8 @@ struct SendReq {
     /// Signaled writes not yet completed.
     pending: u32,
     size: usize,
+    /// An eager send's index in the ring (counting every slot written since the start).
+    ring_index: u64,
 }
 
 /// A rendezvous send's target and which parts are done (how far each part is posted is in
@@ -107,11 +122,38 @@ struct Rdv {
     target: RdvTarget,
     /// A bit per queue pair whose part is fully posted (its completing write included).
     closed: u32,
+    /// A bit per part whose completion was seen (or that the receiver said it has).
+    acked: u32,
+    /// The clear-to-send index and entry of the buffer it writes into.
+    cts: u64,
+    entry: u8,
+}
+
+/// An eager ring slot's last write: what to write again if it was lost with a failed member.
+#[derive(Clone, Copy, Default)]
+struct EagerRec {
+    /// The send's request slot (its header buffer), or None for an announcement.
+    req: Option<u16>,
+    hdr_slot: u16,
+    hdr: EagerHdr,
+}
+
+/// What a sender must post again after queue pairs failed, from the receiver's [`Resync`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resend {
+    /// Eager ring writes the receiver did not get, in ring order: ring slot, header buffer,
+    /// header, and the send's request slot (None for an announcement). They go before any
+    /// new eager message.
+    pub eager: Vec<(usize, usize, EagerHdr, Option<u16>)>,
+    /// Rendezvous sends with parts to post again: call [`SendEngine::rdv_steps`] for each.
+    pub rdv: Vec<u16>,
 }
 
 /// A clear-to-send group: the buffers of one grouped receive, read out of the FIFO.
 #[derive(Clone, Copy)]
 struct Group {
+    /// Its clear-to-send index (the FIFO slot is its remainder by FIFO_DEPTH).
+    index: u64,
     slot: u16,
     n: u8,
     /// A bit per buffer already taken by a rendezvous send.
@@ -142,6 +184,12 @@ pub struct SendEngine {
     /// Adaptive routing: messages above this many bytes complete with a separate zero-byte
     /// immediate (NCCL_IB_AR_THRESHOLD); None: adaptive routing off.
     ar_threshold: Option<usize>,
+    /// Each ring slot's last eager write (index `eager_sent % slots`).
+    eager_log: Box<[EagerRec]>,
+    /// Clear-to-send indices not yet read whose receives the receiver completed before a
+    /// failover (all their sends went eagerly): their groups may have been lost with a failed
+    /// queue pair and are not written again, so the reading skips them. Ascending.
+    cts_gone: VecDeque<u64>,
 }
 
 impl SendEngine {
@@ -173,6 +221,8 @@ impl SendEngine {
             rdv_posted: vec![0; SEND_REQS * nqps.clamp(1, MAX_QPS)].into_boxed_slice(),
             free,
             ar_threshold: None,
+            eager_log: vec![EagerRec::default(); ring.slots.max(1)].into_boxed_slice(),
+            cts_gone: VecDeque::new(),
         }
     }
 
@@ -222,6 +272,7 @@ impl SendEngine {
             // entries between may still be in their slots: read on from the first of them (the
             // one found is read again when its turn comes).
             self.cts_next += (d as u64).saturating_sub(FIFO_DEPTH as u64 - 1).max(1);
+            self.skip_gone();
             self.prune();
             return Ok(true);
         }
@@ -234,14 +285,28 @@ impl SendEngine {
         }
         let index = self.cts_next;
         self.cts_next = index + 1;
+        self.skip_gone();
         self.prune();
         if seq_offset(self.seq, first.base) < n as i64 {
             let mut entries = [Cts::default(); MAX_GROUP];
             entries[..n].copy_from_slice(&group[..n]);
             let slot = (index % FIFO_DEPTH as u64) as u16;
-            self.groups.push_back(Group { slot, n: n as u8, used: 0, base: first.base, entries });
+            self.groups.push_back(Group { index, slot, n: n as u8, used: 0, base: first.base, entries });
         }
         Ok(true)
+    }
+
+    /// Read past the entries a failover said are gone.
+    fn skip_gone(&mut self) {
+        while let Some(&i) = self.cts_gone.front() {
+            if i.wrapping_sub(self.cts_next) as i64 > 0 {
+                break;
+            }
+            self.cts_gone.pop_front();
+            if i == self.cts_next {
+                self.cts_next += 1;
+            }
+        }
     }
 
     /// Drop the groups whose sends have all been made (eagerly, or by rendezvous).
@@ -273,8 +338,9 @@ impl SendEngine {
                 flags |= EAGER_URGENT;
             }
             let hdr = EagerHdr { seq, flags, size: size as u64, tag, _pad: [0; 3] };
-            let ring_slot = self.take_ring_slot();
-            self.reqs[req as usize] = SendReq { posted: true, pending: 1, size };
+            let ring_index = self.eager_sent;
+            let ring_slot = self.take_ring_slot(EagerRec { req: Some(req), hdr_slot: req, hdr });
+            self.reqs[req as usize] = SendReq { posted: true, pending: 1, size, ring_index };
             self.seq = seq.wrapping_add(1);
             return Ok(SendPlan::Eager { req, ring_slot, hdr });
         }
@@ -284,7 +350,8 @@ impl SendEngine {
                 self.rts_for = Some(seq);
                 let hdr = EagerHdr { seq, flags: EAGER_RTS | EAGER_URGENT, size: size as u64, tag, _pad: [0; 3] };
                 let hdr_slot = SEND_REQS + (seq as usize % RTS_HDRS);
-                return Ok(SendPlan::Announce { ring_slot: self.take_ring_slot(), hdr_slot, hdr });
+                let ring_slot = self.take_ring_slot(EagerRec { req: None, hdr_slot: hdr_slot as u16, hdr });
+                return Ok(SendPlan::Announce { ring_slot, hdr_slot, hdr });
             }
             return Ok(SendPlan::Busy);
         };
@@ -313,20 +380,21 @@ impl SendEngine {
             addr: cts.addr,
             rkey: cts.rkey,
             size,
-            imm: Imm::Rdv { slot: slot as u32, entry: r as u32, size: sized.then_some(size as u32) }.encode(),
+            imm: Imm::Rdv { slot: slot as u32, entry: r as u32, part: 0, size: sized.then_some(size as u32) }.encode(),
             sized,
             sizes_off: (slot * SIZES_ENTRY + r * 8) as u64,
         };
-        self.rdv[req as usize] = Rdv { target, closed: 0 };
+        self.rdv[req as usize] = Rdv { target, closed: 0, acked: 0, cts: g.index, entry: r as u8 };
         let nq = self.nqps;
         self.rdv_posted[req as usize * nq..][..nq].fill(0);
-        self.reqs[req as usize] = SendReq { posted: true, pending: self.nqps as u32, size };
+        self.reqs[req as usize] = SendReq { posted: true, pending: self.nqps as u32, size, ring_index: 0 };
         self.seq = seq.wrapping_add(1);
         Ok(SendPlan::Rdv { req, target })
     }
 
-    fn take_ring_slot(&mut self) -> usize {
+    fn take_ring_slot(&mut self, rec: EagerRec) -> usize {
         let s = (self.eager_sent % self.ring.slots as u64) as usize;
+        self.eager_log[s] = rec;
         self.eager_sent += 1;
         s
     }
@@ -397,11 +465,106 @@ impl SendEngine {
         k
     }
 
-    /// A signaled write of request `req` completed (or an eager one went inline, complete at post).
-    pub fn on_completion(&mut self, req: u16) {
-        if let Some(r) = self.reqs.get_mut(req as usize) {
-            r.pending = r.pending.saturating_sub(1);
+    /// A signaled write of request `req` completed (or an eager one went inline, complete at
+    /// post): for a rendezvous send, the completing write of its part `part` (each counts once).
+    pub fn on_completion(&mut self, req: u16, part: usize) {
+        let i = req as usize;
+        let Some(r) = self.reqs.get_mut(i) else { return };
+        if self.rdv[i].target.size > 0 {
+            let bit = 1u32 << (part % 32);
+            if part >= self.nqps || self.rdv[i].acked & bit != 0 {
+                return;
+            }
+            self.rdv[i].acked |= bit;
         }
+        r.pending = r.pending.saturating_sub(1);
+    }
+
+    /// Queue pairs failed, and the receiver's account of what arrived says what was lost with
+    /// them. `dead` has a bit per part (logical queue pair) that went on a failed queue pair
+    /// (part 0 also carries the eager messages and the size words). Each such part of a
+    /// rendezvous send in flight is either complete (the receiver has it: counted done, whether
+    /// or not its completion came) or posted again from its first byte; eager writes the
+    /// receiver did not get are written again, in order. Nothing the receiver has is sent twice,
+    /// so a buffer it completed and reused is never written again.
+    pub fn fail_over(&mut self, dead: u32, r: &Resync) -> Result<Resend, ProtoError> {
+        let mut out = Resend::default();
+        let slots = self.ring.slots as u64;
+        if dead & 1 != 0 {
+            // Part 0's queue pair carried the eager messages: those the receiver did not get
+            // are written again, in order, and those it got are done, however their
+            // completions fared.
+            let behind = self.eager_sent.wrapping_sub(r.ring_arrived);
+            if behind > slots.min(self.eager_sent) {
+                return Err(ProtoError::CorruptResync { what: "eager messages", got: r.ring_arrived, have: self.eager_sent });
+            }
+            for i in r.ring_arrived..self.eager_sent {
+                let s = (i % slots) as usize;
+                let e = self.eager_log[s];
+                out.eager.push((s, e.hdr_slot as usize, e.hdr, e.req));
+            }
+            for i in 0..SEND_REQS {
+                let q = self.reqs[i];
+                if q.posted && q.pending > 0 && self.rdv[i].target.size == 0 && q.ring_index < r.ring_arrived {
+                    self.reqs[i].pending = 0;
+                }
+            }
+        }
+        // The clear-to-send groups not yet read: the receiver writes those of its incomplete
+        // receives again; those of receives it completed (eagerly) are passed over.
+        // (The sender may have read past `cts_end` already: entries written after the account.)
+        let unread = (r.cts_end.wrapping_sub(self.cts_next) as i64).max(0) as u64;
+        if unread > FIFO_DEPTH as u64 {
+            return Err(ProtoError::CorruptResync { what: "clear-to-send entries", got: r.cts_end, have: self.cts_next });
+        }
+        for k in 0..unread {
+            let i = self.cts_next + k;
+            if !r.recvs.iter().any(|x| x.cts == i) && !self.cts_gone.contains(&i) {
+                self.cts_gone.push_back(i);
+            }
+        }
+        self.cts_gone.make_contiguous().sort_unstable();
+        self.skip_gone();
+        self.prune();
+        let nq = self.nqps;
+        for i in 0..SEND_REQS {
+            if !self.reqs[i].posted || self.rdv[i].target.size == 0 {
+                continue;
+            }
+            let p = self.rdv[i];
+            // A receive at or after `cts_end` was posted after the account: nothing of its sends
+            // on the dead queue pairs arrived. One before it that is not listed is complete.
+            let after = p.cts.wrapping_sub(r.cts_end) as i64 >= 0;
+            let listed = r.recvs.iter().find(|x| x.cts == p.cts);
+            let got = match listed {
+                _ if after => 0,
+                None => u16::MAX,
+                Some(x) if (p.entry as usize) < x.n as usize => x.parts[p.entry as usize],
+                Some(_) => 0,
+            };
+            let mut again = false;
+            for q in (0..nq).filter(|&q| dead & (1 << q) != 0) {
+                let bit = 1u32 << q;
+                if got & (1 << q) != 0 {
+                    // The receiver has it: done, however its completion fared.
+                    self.rdv[i].closed |= bit;
+                    self.rdv_posted[i * nq + q] = qp_chunk(p.target.size, nq, q).1;
+                    self.on_completion(i as u16, q);
+                } else if p.acked & bit != 0 {
+                    // A completion says it landed, the receiver says it did not.
+                    return Err(ProtoError::CorruptResync { what: "rendezvous parts", got: got as u64, have: p.acked as u64 });
+                } else {
+                    // Lost, or never posted: from its first byte again, on a live queue pair.
+                    self.rdv[i].closed &= !bit;
+                    self.rdv_posted[i * nq + q] = 0;
+                    again = true;
+                }
+            }
+            if again {
+                out.rdv.push(i as u16);
+            }
+        }
+        Ok(out)
     }
 
     /// Whether `req` still waits for completions (Err if it is not in flight).
@@ -436,7 +599,7 @@ mod tests {
             assert!(e.on_cts(&[Cts::new(0x1000, 4 << 20, 7, 0, 1, 0, 1)]).unwrap());
             let Ok(SendPlan::Rdv { req, target }) = e.post(size, 0, size / 4) else { panic!("not a rendezvous send") };
             assert_eq!(target.sized, sized, "{nqps} QP(s), {size} bytes");
-            assert_eq!(Imm::decode(target.imm), Imm::Rdv { slot: 0, entry: 0, size: sized.then_some(size as u32) });
+            assert_eq!(Imm::decode(target.imm), Imm::Rdv { slot: 0, entry: 0, part: 0, size: sized.then_some(size as u32) });
             let mut steps = [RdvStep { q: 0, data: None, close: None }; MAX_QPS];
             // A staged send's first quarter: its bytes, no part complete, no immediate yet.
             let k = e.rdv_steps(req, size / 4, &mut steps);

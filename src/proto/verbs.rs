@@ -237,7 +237,7 @@ impl Mismatch {
         use layout::notice::*;
         let mut b = [0u8; NOTICE_SIZE];
         put_u32(&mut b, MAGIC, NOTICE_MAGIC);
-        put_u32(&mut b, KIND, 1);
+        put_u32(&mut b, KIND, KIND_MISMATCH);
         put_u64(&mut b, SEND_SIZE, self.send_size);
         put_u64(&mut b, RECV_SIZE, self.recv_size);
         put_u32(&mut b, TAG, self.tag as u32);
@@ -246,11 +246,149 @@ impl Mismatch {
 
     pub fn decode(b: &[u8; NOTICE_SIZE]) -> Option<Mismatch> {
         use layout::notice::*;
-        (get_u32(b, MAGIC) == NOTICE_MAGIC && get_u32(b, KIND) == 1).then(|| Mismatch {
+        (get_u32(b, MAGIC) == NOTICE_MAGIC && get_u32(b, KIND) == KIND_MISMATCH).then(|| Mismatch {
             send_size: get_u64(b, SEND_SIZE),
             recv_size: get_u64(b, RECV_SIZE),
             tag: get_u32(b, TAG) as i32,
         })
+    }
+}
+
+/// Most receive records a resync carries: every receive the receiver may have outstanding.
+pub const MAX_RESYNC_RECVS: usize = crate::proto::NCCL_INFLIGHT;
+/// Longest failover notice, in bytes.
+pub const MAX_NOTICE: usize = NOTICE_SIZE + MAX_RESYNC_RECVS * layout::failover::rec::SIZE;
+const KIND_MISMATCH: u32 = 1;
+const KIND_FAIL: u32 = 2;
+const KIND_RESYNC: u32 = 3;
+
+/// What a receive has got of the rendezvous parts of each of its buffers, in a [`Resync`]: bit
+/// `q` of `parts[e]` is part `q` of buffer `e` (every bit, once the buffer is complete).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResyncRecv {
+    /// The receive's clear-to-send index (its stamp - 1).
+    pub cts: u64,
+    pub n: u8,
+    pub parts: [u16; MAX_GROUP],
+}
+
+/// The receiver's account after queue pairs died, sent to the sender over the out-of-band
+/// socket once its own dead queue pairs are drained: nothing more can arrive through them, so
+/// what is not here was lost on them and must be sent again.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Resync {
+    /// The dead queue pairs (bit q: queue pair q, the same index on both sides).
+    pub dead: u32,
+    /// Eager ring slots that arrived (in ring order), since the connection began.
+    pub ring_arrived: u64,
+    /// The clear-to-send index of the next receive: a send into a receive at or after it was
+    /// posted after this account (its parts on dead queue pairs were lost).
+    pub cts_end: u64,
+    /// Every incomplete receive with a clear-to-send out, before `cts_end`; one not listed has
+    /// all its data.
+    pub recvs: Vec<ResyncRecv>,
+}
+
+/// Which queue pair carries each logical one's traffic once the queue pairs in `dead` failed:
+/// itself while it lives, else the next live one after it (as net_ib replaces a failed queue
+/// pair). Both sides compute it from the same set. None if every one is dead.
+pub fn remap(dead: u32, nqps: usize) -> Option<[u8; MAX_QPS]> {
+    let nqps = nqps.clamp(1, MAX_QPS);
+    let live = |q: usize| dead & (1 << q) == 0;
+    let mut map = [0u8; MAX_QPS];
+    for (q, m) in map.iter_mut().enumerate().take(nqps) {
+        *m = (0..nqps).map(|k| (q + k) % nqps).find(|&p| live(p))? as u8;
+    }
+    Some(map)
+}
+
+/// A message on a verbs connection's out-of-band socket after setup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    Mismatch(Mismatch),
+    /// The sender found these queue pairs dead (bit q: queue pair q).
+    Fail { dead: u32 },
+    Resync(Resync),
+}
+
+impl Notice {
+    pub fn encode(&self) -> Vec<u8> {
+        use layout::failover::*;
+        use layout::notice::{KIND, MAGIC};
+        match self {
+            Notice::Mismatch(m) => m.encode().to_vec(),
+            Notice::Fail { dead } => {
+                let mut b = vec![0u8; NOTICE_SIZE];
+                put_u32(&mut b, MAGIC, NOTICE_MAGIC);
+                put_u32(&mut b, KIND, KIND_FAIL);
+                put_u32(&mut b, DEAD, *dead);
+                b
+            }
+            Notice::Resync(r) => {
+                let n = r.recvs.len().min(MAX_RESYNC_RECVS);
+                let mut b = vec![0u8; NOTICE_SIZE + n * rec::SIZE];
+                put_u32(&mut b, MAGIC, NOTICE_MAGIC);
+                put_u32(&mut b, KIND, KIND_RESYNC);
+                put_u32(&mut b, DEAD, r.dead);
+                put_u32(&mut b, COUNT, n as u32);
+                put_u64(&mut b, RING, r.ring_arrived);
+                put_u64(&mut b, CTS_END, r.cts_end);
+                for (i, x) in r.recvs[..n].iter().enumerate() {
+                    let o = &mut b[NOTICE_SIZE + i * rec::SIZE..][..rec::SIZE];
+                    put_u64(o, rec::CTS, x.cts);
+                    put_u8(o, rec::N, x.n);
+                    let mut parts = [0u8; 16];
+                    for (k, p) in x.parts.iter().enumerate() {
+                        parts[2 * k..2 * k + 2].copy_from_slice(&p.to_le_bytes());
+                    }
+                    put(o, rec::PARTS, &parts);
+                }
+                b
+            }
+        }
+    }
+
+    /// The first notice in `b`, and its length; None while it has not all arrived; Err for
+    /// bytes that are no notice of ours (the connection's peer is not a rivet of this build).
+    pub fn decode(b: &[u8]) -> Result<Option<(Notice, usize)>, String> {
+        use layout::failover::*;
+        use layout::notice::{KIND, MAGIC};
+        if b.len() < NOTICE_SIZE {
+            return Ok(None);
+        }
+        if get_u32(b, MAGIC) != NOTICE_MAGIC {
+            return Err(format!("not a rivet notice (magic {:#010x})", get_u32(b, MAGIC)));
+        }
+        match get_u32(b, KIND) {
+            KIND_MISMATCH => {
+                let m = Mismatch::decode(b[..NOTICE_SIZE].try_into().unwrap()).ok_or("a malformed mismatch notice")?;
+                Ok(Some((Notice::Mismatch(m), NOTICE_SIZE)))
+            }
+            KIND_FAIL => Ok(Some((Notice::Fail { dead: get_u32(b, DEAD) }, NOTICE_SIZE))),
+            KIND_RESYNC => {
+                let n = get_u32(b, COUNT) as usize;
+                if n > MAX_RESYNC_RECVS {
+                    return Err(format!("a resync of {n} receives (at most {MAX_RESYNC_RECVS})"));
+                }
+                let len = NOTICE_SIZE + n * rec::SIZE;
+                if b.len() < len {
+                    return Ok(None);
+                }
+                let recvs = (0..n)
+                    .map(|i| {
+                        let o = &b[NOTICE_SIZE + i * rec::SIZE..][..rec::SIZE];
+                        let p = get(o, rec::PARTS);
+                        ResyncRecv { cts: get_u64(o, rec::CTS), n: get_u8(o, rec::N), parts: std::array::from_fn(|k| u16::from_le_bytes([p[2 * k], p[2 * k + 1]])) }
+                    })
+                    .collect::<Vec<_>>();
+                if let Some(r) = recvs.iter().find(|r| r.n == 0 || r.n as usize > MAX_GROUP) {
+                    return Err(format!("a resync names a receive of {} buffers", r.n));
+                }
+                let r = Resync { dead: get_u32(b, DEAD), ring_arrived: get_u64(b, RING), cts_end: get_u64(b, CTS_END), recvs };
+                Ok(Some((Notice::Resync(r), len)))
+            }
+            k => Err(format!("a notice of unknown kind {k}")),
+        }
     }
 }
 
@@ -311,10 +449,12 @@ pub const EAGER_URGENT: u32 = 4;
 pub enum Imm {
     /// An eager message landed in this ring slot.
     Eager(u32),
-    /// One queue pair's part of a rendezvous write into buffer `entry` of CTS slot `slot`;
-    /// `size`: the send's size, carried here instead of in the sizes FIFO (a connection of one
-    /// queue pair, a send below IMM_SIZE_LIMIT: its one write is all of it).
-    Rdv { slot: u32, entry: u32, size: Option<u32> },
+    /// Part `part` (the logical queue pair that carries it) of a rendezvous write into buffer
+    /// `entry` of CTS slot `slot`; `size`: the send's size, carried here instead of in the sizes
+    /// FIFO (a connection of one queue pair, a send below IMM_SIZE_LIMIT: its one write is all
+    /// of it, part 0). The part is named so that a receiver counts each once whatever queue pair
+    /// brought it (after a fused device's member failed, its parts are resent on others).
+    Rdv { slot: u32, entry: u32, part: u32, size: Option<u32> },
 }
 
 const IMM_EAGER_BIT: u32 = 1 << 31;
@@ -322,16 +462,17 @@ const IMM_SIZED_BIT: u32 = 1 << 30;
 /// Sends below this size can carry their size in the immediate (20 bits, above the 7 of the
 /// slot and the 3 of the entry).
 pub const IMM_SIZE_LIMIT: usize = 1 << 20;
-const _: () = assert!(FIFO_DEPTH <= 1 << 7 && MAX_GROUP <= 1 << 3);
+const _: () = assert!(FIFO_DEPTH <= 1 << 7 && MAX_GROUP <= 1 << 3 && MAX_QPS <= 1 << 4);
 
 impl Imm {
     pub fn encode(self) -> u32 {
         match self {
             Imm::Eager(s) => IMM_EAGER_BIT | (s & 0xffff),
-            Imm::Rdv { slot, entry, size } => {
+            Imm::Rdv { slot, entry, part, size } => {
                 debug_assert!(size.map_or(true, |s| (s as usize) < IMM_SIZE_LIMIT), "size {size:?} does not fit the immediate");
-                let sized = size.map_or(0, |s| IMM_SIZED_BIT | (s & (IMM_SIZE_LIMIT as u32 - 1)) << 10);
-                sized | ((slot & 0x7f) << 3) | (entry & 7)
+                debug_assert!(size.is_none() || part == 0, "a sized immediate is part 0");
+                let hi = size.map_or((part & 0xf) << 10, |s| IMM_SIZED_BIT | (s & (IMM_SIZE_LIMIT as u32 - 1)) << 10);
+                hi | ((slot & 0x7f) << 3) | (entry & 7)
             }
         }
     }
@@ -339,8 +480,10 @@ impl Imm {
         if v & IMM_EAGER_BIT != 0 {
             Imm::Eager(v & 0xffff)
         } else {
-            let size = (v & IMM_SIZED_BIT != 0).then_some((v >> 10) & (IMM_SIZE_LIMIT as u32 - 1));
-            Imm::Rdv { slot: (v >> 3) & 0x7f, entry: v & 7, size }
+            let sized = v & IMM_SIZED_BIT != 0;
+            let size = sized.then_some((v >> 10) & (IMM_SIZE_LIMIT as u32 - 1));
+            let part = if sized { 0 } else { (v >> 10) & 0xf };
+            Imm::Rdv { slot: (v >> 3) & 0x7f, entry: v & 7, part, size }
         }
     }
 }
@@ -473,16 +616,48 @@ mod tests {
         for i in [
             Imm::Eager(0),
             Imm::Eager(1023),
-            Imm::Rdv { slot: 127, entry: 7, size: None },
-            Imm::Rdv { slot: 0, entry: 0, size: None },
-            Imm::Rdv { slot: 63, entry: 5, size: Some(IMM_SIZE_LIMIT as u32 - 1) },
-            Imm::Rdv { slot: 1, entry: 0, size: Some(0) },
+            Imm::Rdv { slot: 127, entry: 7, part: 15, size: None },
+            Imm::Rdv { slot: 0, entry: 0, part: 0, size: None },
+            Imm::Rdv { slot: 5, entry: 3, part: 9, size: None },
+            Imm::Rdv { slot: 63, entry: 5, part: 0, size: Some(IMM_SIZE_LIMIT as u32 - 1) },
+            Imm::Rdv { slot: 1, entry: 0, part: 0, size: Some(0) },
         ] {
             assert_eq!(Imm::decode(i.encode()), i);
         }
         assert_eq!(seq_offset(5, 3), 2);
         assert_eq!(seq_offset(2, 3), -1);
         assert_eq!(seq_offset(1, u32::MAX), 2); // across the wrap
+    }
+
+    #[test]
+    fn failover_notices_roundtrip_and_wait_for_all_their_bytes() {
+        let r = Resync {
+            dead: 0b1010,
+            ring_arrived: (1 << 40) + 3,
+            cts_end: 99,
+            recvs: vec![ResyncRecv { cts: 77, n: 2, parts: [0b01, 0xffff, 0, 0, 0, 0, 0, 0] }, ResyncRecv { cts: u64::MAX - 1, n: 8, parts: [3; 8] }],
+        };
+        for n in [Notice::Fail { dead: 0b100 }, Notice::Resync(r), Notice::Mismatch(Mismatch { send_size: 9, recv_size: 8, tag: 1 })] {
+            let mut b = n.encode();
+            let len = b.len();
+            assert_eq!(Notice::decode(&b[..len - 1]), Ok(None), "{n:?}: a notice not all here is not read");
+            b.extend_from_slice(&[1, 2, 3]);
+            assert_eq!(Notice::decode(&b), Ok(Some((n, len))));
+        }
+        assert!(Notice::decode(&[0x41u8; NOTICE_SIZE]).is_err(), "garbage is refused");
+        let mut bad = Notice::Resync(Resync { dead: 1, ..Default::default() }).encode();
+        bad[layout::failover::COUNT.off] = 33;
+        assert!(Notice::decode(&bad).is_err(), "more receives than a receiver can have");
+    }
+
+    #[test]
+    fn a_dead_queue_pairs_traffic_moves_to_the_next_live_one() {
+        assert_eq!(remap(0, 3).unwrap()[..3], [0, 1, 2]);
+        assert_eq!(remap(0b010, 3).unwrap()[..3], [0, 2, 2]);
+        assert_eq!(remap(0b001, 4).unwrap()[..4], [1, 1, 2, 3]);
+        assert_eq!(remap(0b1011, 4).unwrap()[..4], [2, 2, 2, 2]);
+        assert_eq!(remap(0b0110, 4).unwrap()[..4], [0, 3, 3, 3]);
+        assert_eq!(remap(0b11, 2), None, "none left");
     }
 
     #[test]

@@ -23,6 +23,14 @@ pub(crate) struct Send {
     pub(crate) ready: Vec<usize>,
     pub(crate) steps: [RdvStep; MAX_QPS],
     pub(crate) dead: bool,
+    /// Which queue pair carries each logical one (after members failed).
+    pub(crate) map: [u8; MAX_QPS],
+    /// Queue pairs this side found dead, and those a resync has been applied for.
+    pub(crate) qdead: u32,
+    pub(crate) synced: u32,
+    /// The bytes of each ring slot's last eager write that went inline (complete when posted:
+    /// the application may reuse its buffer), to write again if it is lost.
+    pub(crate) inline_copy: Vec<Option<Vec<u8>>>,
 }
 
 pub(crate) struct Recv {
@@ -36,6 +44,20 @@ pub(crate) struct Recv {
     pub(crate) dead: bool,
     /// Under adaptive routing: a credit write is on the wire (its completion not yet seen).
     pub(crate) credit_inflight: bool,
+    pub(crate) map: [u8; MAX_QPS],
+    /// Queue pairs found dead (and accounted for in a resync sent).
+    pub(crate) qdead: u32,
+}
+
+thread_local! {
+    /// Failovers that sent something again, on this thread (the tests check that the path is
+    /// exercised).
+    pub(crate) static RESENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A notice's trip over the out-of-band socket: a few hundred steps.
+pub(crate) fn oob_delay(sim: &mut Sim) -> u64 {
+    sim.steps + 1 + sim.rng.below(400) as u64
 }
 
 /// The signal id of a credit write (the receiver's control completions).
@@ -95,6 +117,9 @@ impl Send {
             if g[1..n].iter().any(|e| e.stamp != g[0].stamp) {
                 break;
             }
+            if std::env::var("RIVET_SIM_TRACE").is_ok() {
+                eprintln!("step {}: sender reads slot {slot} want {want}: stamps {:?}", sim.steps, g[..n].iter().map(|e| e.stamp).collect::<Vec<_>>());
+            }
             if !self.eng.on_cts(&g[..n])? {
                 break;
             }
@@ -111,20 +136,23 @@ impl Send {
         let (data, _) = self.local[req as usize];
         for s in &self.steps[..k] {
             let dst = (t.addr - RECV_BASE) as usize;
-            let close_imm = s.close.map(|_| t.imm);
+            let close_imm = s.close.map(|_| t.imm_of(s.q));
+            // The completion names the part (as the shell's work request id does).
+            let sig = Some(req | (s.q as u16) << 12);
+            let pq = self.map[s.q] as usize;
             match (s.data, s.close) {
                 (Some((off, len)), Some(Close::OnData)) => {
-                    sim.post(false, s.q, (Mem::Arena, dst + off), vec![Src::SendArena { off: data + off, len }], close_imm, Some(req))
+                    sim.post(false, pq, (Mem::Arena, dst + off), vec![Src::SendArena { off: data + off, len }], close_imm, sig)
                 }
-                (Some((off, len)), _) => sim.post(false, s.q, (Mem::Arena, dst + off), vec![Src::SendArena { off: data + off, len }], None, None),
+                (Some((off, len)), _) => sim.post(false, pq, (Mem::Arena, dst + off), vec![Src::SendArena { off: data + off, len }], None, None),
                 _ => {}
             }
             match s.close {
                 Some(Close::Size) => {
                     let w = (t.size as u64).to_le_bytes().to_vec();
-                    sim.post(false, s.q, (Mem::Sizes, t.sizes_off as usize), vec![Src::Inline(w)], close_imm, Some(req))
+                    sim.post(false, pq, (Mem::Sizes, t.sizes_off as usize), vec![Src::Inline(w)], close_imm, sig)
                 }
-                Some(Close::Empty) => sim.post(false, s.q, (Mem::Ring, 0), vec![], close_imm, Some(req)),
+                Some(Close::Empty) => sim.post(false, pq, (Mem::Ring, 0), vec![], close_imm, sig),
                 _ => {}
             }
         }
@@ -132,8 +160,8 @@ impl Send {
 
     pub(crate) fn progress(&mut self, sim: &mut Sim) {
         for _ in 0..16 {
-            let Some(req) = sim.send_cq.pop_front() else { break };
-            self.eng.on_completion(req);
+            let Some(id) = sim.send_cq.pop_front() else { break };
+            self.eng.on_completion(id & 0xfff, (id >> 12) as usize);
         }
     }
 
@@ -156,7 +184,8 @@ impl Send {
             SendPlan::Busy => self.progress(sim),
             SendPlan::Announce { ring_slot, hdr, .. } => {
                 let h = hdr_bytes(&hdr);
-                sim.post(false, 0, (Mem::Ring, ring_slot * sim.slot_bytes), vec![Src::Inline(h)], Some(Imm::Eager(ring_slot as u32).encode()), None);
+                self.inline_copy[ring_slot] = Some(h.clone());
+                self.post_eager(sim, ring_slot, vec![Src::Inline(h)], None);
                 self.progress(sim);
             }
             SendPlan::Eager { req, ring_slot, hdr } => {
@@ -165,22 +194,17 @@ impl Send {
                 let (src, signal) = if inline {
                     let mut b = h;
                     b.extend_from_slice(&sim.send_arena[off..off + m.send]);
+                    self.inline_copy[ring_slot] = Some(b.clone());
                     (vec![Src::Inline(b)], None)
                 } else {
                     let ho = req as usize * EAGER_HDR;
                     sim.hdrs[ho..ho + EAGER_HDR].copy_from_slice(&h);
+                    self.inline_copy[ring_slot] = None;
                     (vec![Src::SendHdrs { off: ho, len: EAGER_HDR }, Src::SendArena { off, len: m.send }], Some(req))
                 };
-                let imm = Some(Imm::Eager(ring_slot as u32).encode());
-                if self.eng.ar_split(EAGER_HDR + m.send) {
-                    // Adaptive routing: the header and payload, then the immediate alone.
-                    sim.post(false, 0, (Mem::Ring, ring_slot * sim.slot_bytes), src, None, None);
-                    sim.post(false, 0, (Mem::Ring, 0), vec![], imm, signal);
-                } else {
-                    sim.post(false, 0, (Mem::Ring, ring_slot * sim.slot_bytes), src, imm, signal);
-                }
+                self.post_eager(sim, ring_slot, src, signal);
                 if inline {
-                    self.eng.on_completion(req);
+                    self.eng.on_completion(req, 0);
                 }
                 self.inflight.push((req, id, off, m.send, m.send));
                 self.next += 1;
@@ -192,6 +216,80 @@ impl Send {
                 self.inflight.push((req, id, off, m.send, ready));
                 self.next += 1;
             }
+        }
+        Ok(())
+    }
+
+    /// One eager ring write on part 0's queue pair (under adaptive routing above its threshold,
+    /// the header and payload, then the immediate alone).
+    fn post_eager(&mut self, sim: &mut Sim, ring_slot: usize, src: Vec<Src>, signal: Option<u16>) {
+        let len: usize = src.iter().map(|s| match s {
+            Src::Inline(b) => b.len(),
+            Src::SendArena { len, .. } | Src::SendHdrs { len, .. } => *len,
+        }).sum();
+        let imm = Some(Imm::Eager(ring_slot as u32).encode());
+        let q = self.map[0] as usize;
+        if self.eng.ar_split(len) {
+            sim.post(false, q, (Mem::Ring, ring_slot * sim.slot_bytes), src, None, None);
+            sim.post(false, q, (Mem::Ring, 0), vec![], imm, signal);
+        } else {
+            sim.post(false, q, (Mem::Ring, ring_slot * sim.slot_bytes), src, imm, signal);
+        }
+    }
+
+    /// This side found queue pairs dead (a failed completion, PORT_ERR): it tells the receiver,
+    /// whose resync says what to send again.
+    pub(crate) fn sees_dead(&mut self, sim: &mut Sim, mask: u32) {
+        if mask & !self.qdead == 0 {
+            return;
+        }
+        self.qdead |= mask;
+        let at = oob_delay(sim);
+        sim.to_recv.push_back((at, Notice::Fail { dead: self.qdead }));
+    }
+
+    /// The receiver's account: the queue pairs it names and this side has not yet failed over
+    /// are drained (every completion they will give is in), their parts (the logical queue
+    /// pairs mapped onto them) go to the engine, and what it says was lost is posted again on
+    /// the queue pairs that live.
+    pub(crate) fn on_resync(&mut self, sim: &mut Sim, r: &Resync) -> Res<()> {
+        let new = r.dead & !self.synced;
+        if new == 0 || sim.cfg.no_failover {
+            return Ok(());
+        }
+        self.qdead |= r.dead;
+        while !sim.send_cq.is_empty() {
+            self.progress(sim);
+        }
+        let nq = sim.cfg.nqps;
+        let parts = (0..nq).filter(|&q| new & (1 << self.map[q]) != 0).fold(0u32, |m, q| m | 1 << q);
+        let resend = self.eng.fail_over(parts, r)?;
+        if std::env::var("RIVET_SIM_TRACE").is_ok() {
+            eprintln!("step {}: sender fails over parts {parts:#b}: {resend:?}", sim.steps);
+        }
+        if !resend.eager.is_empty() || !resend.rdv.is_empty() {
+            RESENT.with(|c| c.set(c.get() + 1));
+        }
+        self.synced |= r.dead;
+        self.map = remap(self.synced, nq).expect("a queue pair lives");
+        for (slot, _, hdr, req) in resend.eager {
+            match (&self.inline_copy[slot], req) {
+                (Some(b), _) => {
+                    let b = b.clone();
+                    self.post_eager(sim, slot, vec![Src::Inline(b)], None);
+                }
+                (None, Some(req)) => {
+                    let &(_, _, off, size, _) = self.inflight.iter().find(|f| f.0 == req).ok_or_else(|| Fault::Check(format!("eager send {req} to resend is not in flight")))?;
+                    let ho = req as usize * EAGER_HDR;
+                    sim.hdrs[ho..ho + EAGER_HDR].copy_from_slice(&hdr_bytes(&hdr));
+                    self.post_eager(sim, slot, vec![Src::SendHdrs { off: ho, len: EAGER_HDR }, Src::SendArena { off, len: size }], Some(req));
+                }
+                (None, None) => return Err(Fault::Check(format!("announcement in ring slot {slot} to resend has no copy"))),
+            }
+        }
+        for req in resend.rdv {
+            let &(_, _, _, _, ready) = self.inflight.iter().find(|f| f.0 == req).ok_or_else(|| Fault::Check(format!("rendezvous send {req} to resend is not in flight")))?;
+            self.post_rdv(sim, req, ready);
         }
         Ok(())
     }
@@ -285,8 +383,47 @@ impl Recv {
             return Ok(());
         }
         if let Some(word) = self.eng.credit_due() {
-            sim.post(true, 0, (Mem::Fifo, FIFO_BYTES), vec![Src::Inline(word.to_le_bytes().to_vec())], None, ar.then_some(CREDIT_TAG));
-            self.credit_inflight = ar;
+            self.post_credit(sim, word);
+        }
+        Ok(())
+    }
+
+    fn post_credit(&mut self, sim: &mut Sim, word: u64) {
+        let ar = sim.cfg.ar.is_some() && !sim.cfg.ar_unsplit;
+        sim.post(true, self.map[0] as usize, (Mem::Fifo, FIFO_BYTES), vec![Src::Inline(word.to_le_bytes().to_vec())], None, ar.then_some(CREDIT_TAG));
+        self.credit_inflight = ar;
+    }
+
+    fn post_cts(&mut self, sim: &mut Sim, p: &CtsPlan) {
+        let bytes: Vec<u8> = p.entries[..p.n].iter().flat_map(cts_bytes).collect();
+        sim.post(true, self.map[p.q] as usize, (Mem::Fifo, p.slot * MAX_GROUP * 32), vec![Src::Inline(bytes)], None, None);
+    }
+
+    /// Queue pairs found dead (by this side, or in the sender's notice): once every completion
+    /// they will give is in, the account goes to the sender, and the clear-to-send groups and
+    /// the credit word that may have been lost with them are written again on live ones.
+    pub(crate) fn sees_dead(&mut self, sim: &mut Sim, mask: u32) -> Res<()> {
+        if mask & !self.qdead == 0 {
+            return Ok(());
+        }
+        self.qdead |= mask;
+        // Drained: every completion of the dead queue pairs is in.
+        while !sim.recv_cq.is_empty() || !sim.ctrl_cq.is_empty() {
+            self.progress(sim)?;
+        }
+        let r = self.eng.resync(self.qdead);
+        if std::env::var("RIVET_SIM_TRACE").is_ok() {
+            eprintln!("step {}: receiver resync {r:?}, cts {:?}", sim.steps, self.eng.cts_outstanding());
+        }
+        let at = oob_delay(sim);
+        sim.to_send.push_back((at, Notice::Resync(r)));
+        self.map = remap(self.qdead, sim.cfg.nqps).expect("a queue pair lives");
+        for (_, p) in self.eng.cts_outstanding() {
+            self.post_cts(sim, &p);
+        }
+        let word = self.eng.credits_sent();
+        if word > 0 {
+            self.post_credit(sim, word);
         }
         Ok(())
     }
@@ -305,11 +442,11 @@ impl Recv {
             n += 1;
             match Imm::decode(imm) {
                 Imm::Eager(_) => self.eng.on_eager_imm(),
-                Imm::Rdv { slot, entry, size: Some(size) } => self.eng.on_rdv_imm(slot, entry, size as u64)?,
-                Imm::Rdv { slot, entry, size: None } => {
+                Imm::Rdv { slot, entry, part, size: Some(size) } => self.eng.on_rdv_imm(slot, entry, part, size as u64)?,
+                Imm::Rdv { slot, entry, part, size: None } => {
                     let o = (slot as usize * MAX_GROUP + entry as usize) * 8;
                     let size = u64::from_le_bytes(sim.sizes[o..o + 8].try_into().unwrap());
-                    self.eng.on_rdv_imm(slot, entry, size)?;
+                    self.eng.on_rdv_imm(slot, entry, part, size)?;
                 }
             }
         }
@@ -331,8 +468,7 @@ impl Recv {
             RecvPlan::Busy => {}
             RecvPlan::Posted { req, cts } => {
                 if let Some(p) = cts {
-                    let bytes: Vec<u8> = p.entries[..p.n].iter().flat_map(cts_bytes).collect();
-                    sim.post(true, p.q, (Mem::Fifo, p.slot * MAX_GROUP * 32), vec![Src::Inline(bytes)], None, None);
+                    self.post_cts(sim, &p);
                 }
                 self.inflight.push((req, g, offs[g].clone()));
                 self.next += 1;

@@ -63,8 +63,62 @@ pub(crate) struct Config {
     pub(crate) partial: bool,
     /// The peer that stops, and at which step: (step, sender dies?).
     pub(crate) fail: Option<(u64, bool)>,
+    /// Members that fail (a fused device's port): at a step, the queue pairs in a mask die in
+    /// both directions, and each side learns of it after its delay (None: only through the
+    /// other's notice), as a failed completion or PORT_ERR would tell it.
+    pub(crate) member_fail: Vec<MemberFail>,
+    /// The sender ignores the receiver's account (to show that a lost part is caught).
+    pub(crate) no_failover: bool,
     /// At most this many requests in flight per side (NCCL: up to 8 per comm in practice).
     pub(crate) window: usize,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct MemberFail {
+    pub(crate) at: u64,
+    pub(crate) qps: u32,
+    pub(crate) recv_sees: Option<u64>,
+    pub(crate) send_sees: Option<u64>,
+}
+
+/// Up to `nqps - 1` member failures (at least one queue pair lives), each seen by one side or
+/// both, after a delay.
+pub(crate) fn member_failures(r: &mut Rng, nqps: usize, steps: usize) -> Vec<MemberFail> {
+    let mut out = Vec::new();
+    let mut dead = 0u32;
+    let mut at = 0u64;
+    while nqps > 1 && (dead.count_ones() as usize) < nqps - 1 && (out.is_empty() || r.chance(30)) {
+        at += 1 + r.below(steps) as u64;
+        let live: Vec<usize> = (0..nqps).filter(|q| dead & (1 << q) == 0).collect();
+        // One queue pair, or every one of a member (q % members == m, as a fused device's are).
+        let members = r.pick(&[1usize, 2, 3]).min(nqps);
+        let first = r.pick(&live);
+        let mut qps = 0u32;
+        for q in (0..nqps).filter(|q| q % members == first % members) {
+            qps |= 1 << q;
+        }
+        if r.chance(30) {
+            qps = 1 << first;
+        }
+        qps &= !dead;
+        if (dead | qps).count_ones() as usize >= nqps || qps == 0 {
+            qps = 1 << first;
+            if (dead | qps).count_ones() as usize >= nqps {
+                break;
+            }
+        }
+        dead |= qps;
+        let delay = |r: &mut Rng| if r.chance(80) { Some(r.below(3000) as u64) } else { None };
+        let (mut recv_sees, mut send_sees) = (delay(r), delay(r));
+        if recv_sees.is_none() && send_sees.is_none() {
+            recv_sees = Some(r.below(500) as u64);
+            if r.chance(50) {
+                std::mem::swap(&mut recv_sees, &mut send_sees);
+            }
+        }
+        out.push(MemberFail { at, qps, recv_sees, send_sees });
+    }
+    out
 }
 
 pub(crate) fn size_near(r: &mut Rng, eager_max: usize, nqps: usize) -> usize {
@@ -127,6 +181,19 @@ pub(crate) fn config(seed: u64, ngroups: usize) -> Config {
         partial: r.chance(40),
         fail: r.chance(15).then(|| (r.below(3000) as u64, r.chance(50))),
         window: r.pick(&[1usize, 2, 8, 32]),
+        member_fail: Vec::new(),
+        no_failover: false,
+    }
+    .with_member_failures(&mut r)
+}
+
+impl Config {
+    /// In a quarter of the schedules with several queue pairs (and no peer that stops), members fail.
+    fn with_member_failures(mut self, r: &mut Rng) -> Config {
+        if self.fail.is_none() && self.nqps > 1 && r.chance(25) {
+            self.member_fail = member_failures(r, self.nqps, 4000);
+        }
+        self
     }
 }
 
@@ -166,7 +233,8 @@ pub(crate) struct Op {
     /// Immediate data: a receive completion at the target once everything before it landed.
     pub(crate) imm: Option<u32>,
     /// A signaled send request: a completion for it at the poster (a control write's goes to
-    /// the receiver's `ctrl_cq`).
+    /// the receiver's `ctrl_cq`). A rendezvous part's names its part above the request (bits
+    /// 12..16), as the shell's work request id does.
     pub(crate) signal: Option<u16>,
     /// Bytes it writes.
     pub(crate) len: usize,
@@ -201,6 +269,11 @@ pub(crate) struct Sim {
     pub(crate) ctrl_cq: VecDeque<u16>,
     pub(crate) slot_bytes: usize,
     pub(crate) steps: u64,
+    /// Queue pairs whose member failed: nothing posted on them lands.
+    pub(crate) dead: u32,
+    /// The out-of-band socket each way: (step it arrives, notice).
+    pub(crate) to_recv: VecDeque<(u64, Notice)>,
+    pub(crate) to_send: VecDeque<(u64, Notice)>,
 }
 
 impl Sim {
@@ -245,9 +318,51 @@ impl Sim {
         if pieces.is_empty() {
             pieces.push((0, 0));
         }
+        if self.dead & (1 << q) != 0 {
+            return; // its member failed: flushed, never on the wire
+        }
         let op = Op { mem, off, src, imm, signal, len, pieces, in_order: ctrl && self.cfg.ar.is_none(), stuck: false };
         let qps = if ctrl { &mut self.ctrl_qps } else { &mut self.data_qps };
         qps[q].ops.push_back(op);
+    }
+
+    /// The member carrying queue pairs `mask` fails, in both directions. On each, a prefix of what
+    /// was posted was on the wire and lands (with its receive completions); the next message
+    /// lands in part, without a completion; the rest never leaves. The acknowledgements of the
+    /// last of those that landed may be lost: the poster never sees their completions.
+    pub(crate) fn kill(&mut self, mask: u32) {
+        for q in (0..self.data_qps.len()).filter(|q| mask & (1 << q) != 0) {
+            for ctrl in [false, true] {
+                let qp = if ctrl { &mut self.ctrl_qps[q] } else { &mut self.data_qps[q] };
+                let mut ops: Vec<Op> = qp.ops.drain(..).collect();
+                let cut = self.rng.below(ops.len() + 1);
+                let partial = (cut < ops.len() && self.rng.chance(50)).then(|| ops[cut].clone());
+                ops.truncate(cut);
+                let acked = self.rng.below(ops.len() + 1);
+                for (i, op) in ops.into_iter().enumerate() {
+                    let bytes = self.gather(&op.src, 0, op.len);
+                    let m = self.mem(op.mem);
+                    m[op.off..op.off + op.len].copy_from_slice(&bytes);
+                    if let Some(imm) = op.imm {
+                        self.recv_cq.push_back(imm);
+                    }
+                    match op.signal {
+                        Some(req) if i < acked && ctrl => self.ctrl_cq.push_back(req),
+                        Some(req) if i < acked => self.send_cq.push_back(req),
+                        _ => {}
+                    }
+                }
+                if let Some(op) = partial {
+                    let keep = self.rng.below(op.pieces.len().max(1));
+                    for &(start, len) in &op.pieces[..keep] {
+                        let bytes = self.gather(&op.src, start, len);
+                        let m = self.mem(op.mem);
+                        m[op.off + start..op.off + start + len].copy_from_slice(&bytes);
+                    }
+                }
+            }
+        }
+        self.dead |= mask;
     }
 
     /// Place one piece somewhere in the network; false when nothing is in flight.

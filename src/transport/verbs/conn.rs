@@ -47,6 +47,11 @@ const IDLE_CALLS: u32 = 64;
 /// signaled one on a booked send queue ([`SqBook`]) also has its queue pair's index in the next
 /// byte and its place in that queue (the low 32 bits of the count of posts so far) above the slot.
 pub(super) const KIND_SHIFT: u32 = 56;
+/// A rendezvous part's completing write also names its part (logical queue pair) in bits
+/// 12..16, above the request slot (below 4096).
+pub(super) const PART_SHIFT: u32 = 12;
+pub(super) const REQ_MASK: u64 = (1 << PART_SHIFT) - 1;
+const _: () = assert!(SEND_REQS + RTS_HDRS <= REQ_MASK as usize && crate::proto::verbs::MAX_QPS <= 16);
 const QP_SHIFT: u32 = 48;
 const SEQ_SHIFT: u32 = 16;
 pub(super) const KIND_SEND: u64 = 1;

@@ -315,14 +315,14 @@ impl VerbsRecv {
                     // SAFETY: a receive completion with immediate data (every write to us has one).
                     match Imm::decode(u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })) {
                         Imm::Eager(_) => self.eng.on_eager_imm(),
-                        Imm::Rdv { slot, entry, size: Some(size) } => {
+                        Imm::Rdv { slot, entry, size: Some(size), .. } => {
                             // Only a connection of one queue pair sends its sizes this way.
-                            let r = if self.qps.len() == 1 { self.eng.on_rdv_imm(slot, entry, size as u64) } else { Err(ProtoError::StrayImm { slot, entry }) };
+                            let r = if self.qps.len() == 1 { self.eng.on_rdv_imm(slot, entry, 0, size as u64) } else { Err(ProtoError::StrayImm { slot, entry }) };
                             if let Err(e) = r {
                                 return Err(self.c.proto(e));
                             }
                         }
-                        Imm::Rdv { slot, entry, size: None } => {
+                        Imm::Rdv { slot, entry, part, size: None } => {
                             let (s, e) = (slot as usize, entry as usize);
                             let size = if s < FIFO_DEPTH && e < MAX_GROUP {
                                 // SAFETY: inside the sizes FIFO (FIFO_DEPTH entries of MAX_GROUP
@@ -331,7 +331,7 @@ impl VerbsRecv {
                             } else {
                                 0
                             };
-                            if let Err(e) = self.eng.on_rdv_imm(slot, entry, size) {
+                            if let Err(e) = self.eng.on_rdv_imm(slot, entry, part, size) {
                                 return Err(self.c.proto(e));
                             }
                         }

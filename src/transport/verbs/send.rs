@@ -1,7 +1,7 @@
 //! The sending shell: reads the clear-to-send FIFO and the credit word the receiver writes into
 //! our memory, feeds them to the [`SendEngine`], and posts what it answers as work requests.
 
-use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, SqBook, KIND_CTRL, KIND_SEND, KIND_SHIFT};
+use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, SqBook, KIND_CTRL, KIND_SEND, KIND_SHIFT, PART_SHIFT, REQ_MASK};
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::Result;
 use crate::proto::send::{Close, Origin, RdvStep, RingSpec, SendEngine, SendPlan, SEND_REQS};
@@ -299,7 +299,9 @@ impl VerbsSend {
                 }
             }
             if s.close.is_some() {
-                self.wrs[n - 1].__bindgen_anon_1.imm_data = t.imm.to_be();
+                // The completion names the part, which counts once however often it is posted.
+                self.wrs[n - 1].wr_id = wr_id | (s.q as u64) << PART_SHIFT;
+                self.wrs[n - 1].__bindgen_anon_1.imm_data = t.imm_of(s.q).to_be();
                 self.wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
             }
             self.post(s.q, n)?;
@@ -314,7 +316,7 @@ impl VerbsSend {
             match wc.wr_id >> KIND_SHIFT {
                 KIND_SEND => {
                     self.book.retire(wc.wr_id);
-                    self.eng.on_completion((wc.wr_id & 0xffff) as u16);
+                    self.eng.on_completion((wc.wr_id & REQ_MASK) as u16, ((wc.wr_id >> PART_SHIFT) & 0xf) as usize);
                 }
                 KIND_CTRL => self.book.retire(wc.wr_id),
                 _ => {}
@@ -401,7 +403,7 @@ impl Conn for VerbsSend {
                 let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
                 if self.post_eager(ring_slot, req as usize, hdr, (data.addr() as u64, lkeys[0]), wr_id, path_of(mr) == Path::Gdr)? {
                     // An inline send is complete once posted: its bytes are in the work request.
-                    self.eng.on_completion(req);
+                    self.eng.on_completion(req, 0);
                 }
                 Ok(Some(req as u32))
             }
