@@ -143,6 +143,11 @@ pub const VARS: &[Var] = &[
         meaning: "1: NCCL may fuse RDMA ports into one virtual NIC (makeVDevice, ncclNet v9+; by default NCCL fuses the ports of one card, NCCL_NET_MERGE_LEVEL): a comm on it has queue pairs on every member and stripes each large message across them. 0: fusion is refused (every port stays its own device).",
     },
     Var {
+        name: "NCCL_IB_RESILIENCY_PORT_FAILOVER",
+        default: "1",
+        meaning: "1: when a queue pair or a member port of a fused device fails (port down, a retry-exceeded or flushed completion), its traffic moves to the comm's live queue pairs: what was in flight on it is sent again once the receiver has said, over the out-of-band socket, what arrived; nothing is lost or sent twice, and NCCL sees no error. The failed member is not used again by that comm (as net_ib without NCCL_IB_RESILIENCY_PORT_RECOVERY); a comm whose last queue pair fails returns an error. 0: a failed queue pair fails its comm. (net_ib's default is 0: its failover costs it pre-posted receives and matching by id; rivet's costs nothing until a failure.)",
+    },
+    Var {
         name: "RIVET_IB_EAGER_MAX",
         default: "8192",
         meaning: "Largest message (bytes, 0-262144) the RDMA transport sends eagerly into the receiver's ring of registered buffers, without waiting for a clear-to-send; set on the receiving side (it sizes the ring: 8 slots).",
@@ -216,6 +221,7 @@ pub struct Config {
     pub ib_pkey: u16,
     pub ib_qps: usize,
     pub ib_merge_nics: bool,
+    pub ib_failover: bool,
     /// NCCL_IB_ADAPTIVE_ROUTING: None = auto (per link layer).
     pub ib_adaptive_routing: Option<bool>,
     pub ib_ar_threshold: usize,
@@ -388,6 +394,7 @@ impl Config {
             ib_pkey: int_var(get, "NCCL_IB_PKEY", 0, 65535) as u16,
             ib_qps: int_var(get, "NCCL_IB_QPS_PER_CONNECTION", 1, 16) as usize,
             ib_merge_nics: int_var(get, "NCCL_IB_MERGE_NICS", 0, 1) == 1,
+            ib_failover: int_var(get, "NCCL_IB_RESILIENCY_PORT_FAILOVER", 0, 1) == 1,
             // net_ib's -2 means its default for both.
             ib_adaptive_routing: opt_int_var(&|n| get(n).filter(|v| v.trim() != "-2"), "NCCL_IB_ADAPTIVE_ROUTING", 0, 1, "auto").map(|v| v == 1),
             ib_ar_threshold: int_var(&|n| get(n).filter(|v| v.trim() != "-2"), "NCCL_IB_AR_THRESHOLD", 0, 1 << 30) as usize,

@@ -118,3 +118,23 @@ second_pair() {
   done
   return 1
 }
+
+# wire2_up: bring the second wire back after a test took veth2 down (a link that goes down loses
+# its routes): the routes and neighbours again, then until rxe2 and rxe3 are ACTIVE (10 s).
+wire2_up() {
+  _ip=/usr/bin/ip
+  $_ip link set veth2 up
+  $_ip link set veth3 up
+  $_ip route replace 10.0.1.2 dev veth2 src 10.0.1.1 table 102
+  $_ip route replace 10.0.1.1 dev veth3 src 10.0.1.2 table 103
+  $_ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev veth2 nud permanent
+  $_ip neigh replace 10.0.1.1 lladdr 02:00:00:00:01:01 dev veth3 nud permanent
+  _n=0
+  while [ $_n -lt 100 ]; do
+    read -r _s2 < /sys/class/infiniband/rxe2/ports/1/state
+    read -r _s3 < /sys/class/infiniband/rxe3/ports/1/state
+    case "$_s2$_s3" in *ACTIVE*ACTIVE*) return 0 ;; esac
+    sleep 0.1; _n=$((_n + 1))
+  done
+  return 1
+}

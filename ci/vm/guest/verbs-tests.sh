@@ -132,6 +132,44 @@ fused_perf() {
 step fused-perf fused_perf
 # A checksummed stream through the fused pair, adaptive routing forced on: every byte checked.
 step fused-soak env NCCL_IB_ADAPTIVE_ROUTING=1 ./rivet soak --lib $LIB --dev 0+2,1+3 --minutes 1 --max-size 4M
+# Failover: the same checksummed stream over the fused pair (host buffers, both directions), and
+# one member's wire (veth2: rxe2 <-> rxe3) failing 20 s in. "down": the link goes down (each side
+# sees its port's PORT_ERR); "loss": every packet leaving veth2 is dropped (tc netem), the ports
+# stay up, and only the senders find out (their writes exhaust the transport's retries), so each
+# receiver learns of it from its sender's notice over the out-of-band socket. The stream must go
+# on over the other member and end with every byte right, WARNs must name the failed port and
+# its cause, and every comm must say it failed over. The soak's 10-second lines give the
+# bandwidth before and after. Then the wire comes back (a comm does not take a failed member
+# back; new comms use it again). Soft-RoCE retries for ever at NCCL_IB_RETRY_CNT=7 (it reads 7
+# as "infinite"), so 3 retries of 268 ms here.
+failover() {  # failover down|loss [ENV...]
+  _how=$1; shift
+  env RIVET_TIMEOUT=30 NCCL_DEBUG=INFO NCCL_IB_TIMEOUT=16 NCCL_IB_RETRY_CNT=3 "$@" \
+    ./rivet soak --lib $LIB --dev 0+2,1+3 --minutes 1 --max-size 4M --buffers host > /tmp/fo.log 2>&1 &
+  _p=$!
+  sleep 20
+  if [ $_how = down ]; then /usr/bin/ip link set veth2 down; else /usr/bin/tc qdisc add dev veth2 root netem loss 100%; fi
+  _i=0; while kill -0 $_p 2>/dev/null && [ $_i -lt 240 ]; do sleep 0.5; _i=$((_i + 1)); done
+  _stuck=0; kill -0 $_p 2>/dev/null && { _stuck=1; kill -9 $_p; }
+  wait $_p; _rc=$?
+  /usr/bin/tc qdisc del dev veth2 root 2>/dev/null
+  . /mnt/host/lib.sh && wire2_up || { echo "the second wire did not come back"; return 1; }
+  grep -E "^# soak|WARN.*(rxe[23]|fail)|failed over|drain" /tmp/fo.log | cut -c1-400 | head -40
+  [ $_stuck = 0 ] || { echo "rivet soak still running 2 min after the member failed"; cat /tmp/fo.log; return 1; }
+  [ $_rc = 0 ] || { echo "rivet soak failed (rc $_rc)"; cat /tmp/fo.log; return 1; }
+  [ "$(grep -c 'wrong bytes.*: PASS' /tmp/fo.log)" = 2 ] || { echo "not both ranks passed the checksums"; return 1; }
+  if [ $_how = down ]; then
+    grep -qE "WARN.*on rxe2:1 failed: .*(PORT_ERR|DOWN)" /tmp/fo.log || { echo "no WARN names rxe2 and the port going down"; return 1; }
+    grep -qE "WARN.*on rxe3:1 failed: .*(PORT_ERR|DOWN)" /tmp/fo.log || { echo "no WARN names rxe3 and the port going down"; return 1; }
+  else
+    grep -qE "WARN.*on rxe[23]:1 failed: .*RETRY_EXC" /tmp/fo.log || { echo "no WARN names the member whose writes exhausted their retries"; return 1; }
+  fi
+  [ "$(grep -c 'told the sender what arrived' /tmp/fo.log)" = 2 ] || { echo "not both receivers failed over"; return 1; }
+  [ "$(grep -c "the receiver's account" /tmp/fo.log)" = 2 ] || { echo "not both senders failed over"; return 1; }
+}
+step fused-failover failover down
+step fused-failover-ar failover down NCCL_IB_ADAPTIVE_ROUTING=1
+step fused-failover-loss failover loss
 # Last, because it takes the wire down: the link fails mid-transfer. rivet perf must fail within
 # a bounded time (no hang), and the WARNs must say the port went down (the PORT_ERR asynchronous
 # event, or the port's state when the event has not arrived yet).

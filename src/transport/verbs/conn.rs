@@ -15,7 +15,7 @@ use super::dev::IbPort;
 use super::res::{Cq, QpRts};
 use crate::error::{Error, Kind, Result};
 use super::oob::{self, PeerState};
-use crate::proto::verbs::{Mismatch, EAGER_HDR};
+use crate::proto::verbs::{Mismatch, Notice, Resync, EAGER_HDR, MAX_NOTICE};
 use crate::proto::{Explain, ProtoError};
 use crate::sys::ib::*;
 use crate::sys::verbs::{self, wc_status_hint, wc_status_name};
@@ -58,6 +58,15 @@ pub(super) const KIND_SEND: u64 = 1;
 pub(super) const KIND_RECV: u64 = 2;
 pub(super) const KIND_CTRL: u64 = 3;
 pub(super) const KIND_FLUSH: u64 = 4;
+/// The marker posted on a failed queue pair once it is in ERR: its (flushed) completion comes
+/// after every other of that queue, so the queue is drained once it is seen. Its queue pair's
+/// index is in the low byte.
+pub(super) const KIND_DRAIN: u64 = 5;
+/// How long a failover waits for its drain markers.
+const DRAIN_WAIT: Duration = Duration::from_secs(5);
+/// How long a drain marker is waited for before quiet stands in for it, and how much quiet.
+const MARKER_WAIT: Duration = Duration::from_millis(500);
+const QUIET: Duration = Duration::from_millis(100);
 
 /// Queue depths (CQs are sized from them: every work request that can be outstanding). Providers
 /// round a queue up to a power of two slots with one kept empty, so each is 2^k - 1. Every post
@@ -95,8 +104,9 @@ pub struct Depths {
 
 impl Depths {
     pub const DEFAULT: Depths = Depths { send_sq: SEND_QP_SQ, recv_sq: RECV_QP_SQ, recv_rq: RECV_QP_RQ };
-    /// Send queues of 8 (one signaled in 4), and receives for the ring and one full group.
-    pub const MIN: Depths = Depths { send_sq: 8, recv_sq: 8, recv_rq: (RING_SLOTS + crate::proto::verbs::MAX_GROUP) as u32 };
+    /// Send queues of 8 (one signaled in 4), and receives for the ring and one full group (and
+    /// the drain marker's).
+    pub const MIN: Depths = Depths { send_sq: 8, recv_sq: 8, recv_rq: (RING_SLOTS + crate::proto::verbs::MAX_GROUP) as u32 + 1 };
 
     pub fn get() -> Depths {
         if crate::config::get().ib_min_queues {
@@ -104,6 +114,12 @@ impl Depths {
         } else {
             Depths::DEFAULT
         }
+    }
+
+    /// Receives kept posted on each receiver queue pair: all but one, the room a failover's
+    /// drain marker takes.
+    pub fn recvs_posted(&self) -> u32 {
+        self.recv_rq - 1
     }
 
     /// Completions the sender's CQ must hold: every work request of its send queues. Running,
@@ -211,16 +227,82 @@ impl SqBook {
     }
 }
 
+/// A failover's wait (bounded) for the drain markers of queue pairs `mask`. A provider that does
+/// not flush a marker posted to a queue pair in ERR (Soft-RoCE of some kernels, for receive
+/// queues): after MARKER_WAIT, the queue pairs count as drained once no completion has come for
+/// QUIET (nothing new reaches a queue pair in ERR, and what had reached it is in the CQ by then).
+pub(super) struct Drain {
+    mask: u32,
+    start: Instant,
+    quiet_since: Instant,
+}
+
+impl Drain {
+    pub(super) fn new(mask: u32) -> Drain {
+        let now = Instant::now();
+        Drain { mask, start: now, quiet_since: now }
+    }
+
+    /// After a poll that `moved` (or not), with the markers `drained` so far: whether the queue
+    /// pairs count as drained (Err once DRAIN_WAIT is over).
+    pub(super) fn done(&mut self, c: &mut Common, drained: u32, moved: bool) -> Result<bool> {
+        if drained & self.mask == self.mask {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        if moved {
+            self.quiet_since = now;
+        }
+        if now.duration_since(self.start) > MARKER_WAIT && now.duration_since(self.quiet_since) > QUIET {
+            log::info!(
+                "NET/rivet: {}: queue pair(s) {:#x} in ERR: the provider did not flush the drain marker within {} ms; counted as drained after {} ms without a completion (failed completions per queue pair: {:?})",
+                c.where_(0),
+                self.mask & !drained,
+                MARKER_WAIT.as_millis(),
+                QUIET.as_millis(),
+                &c.flushed[..c.ndata]
+            );
+            return Ok(true);
+        }
+        if now.duration_since(self.start) > DRAIN_WAIT {
+            return Err(c.drain_timeout(self.mask & !drained));
+        }
+        if !moved {
+            std::thread::yield_now();
+        }
+        Ok(false)
+    }
+}
+
 /// State shared by both directions: the peer, its out-of-band socket, the death certificate.
 pub struct Common {
     /// Member 0 of the device (its only port, for a physical one): what messages name.
     pub port: &'static IbPort,
     /// Every member of the device; queue pair `q` is on member `q % ports.len()`.
     pub ports: &'static [&'static IbPort],
-    /// Our QPNs and the member each is on, for matching asynchronous QP events.
+    /// Our QPNs and the member each is on, for matching asynchronous QP events: the data queue
+    /// pairs (the first `ndata`, in order), then flush queue pairs.
     qpns: [u32; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS],
     qp_member: [u8; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS],
     nqpns: usize,
+    ndata: usize,
+    /// Failover (NCCL_IB_RESILIENCY_PORT_FAILOVER), where the comm has a queue pair to fail over to.
+    pub(super) failover: bool,
+    /// Data queue pairs found failed and not yet failed over (bit q), and those failed over
+    /// (in ERR, drained).
+    pub(super) failed: u32,
+    pub(super) qdead: u32,
+    /// Why queue pairs failed, for the comm's error if none is left.
+    causes: Vec<String>,
+    /// Receiver: queue pairs the sender's notices named dead.
+    pub(super) peer_dead: u32,
+    /// Sender: the receiver's latest account of what arrived, not yet applied.
+    pub(super) resync: Option<Resync>,
+    /// Failed completions seen per data queue pair (reported when it is drained).
+    pub(super) flushed: [u32; crate::proto::verbs::MAX_QPS],
+    /// Bytes of the out-of-band socket not yet a whole notice, and a mismatch it brought.
+    inbox: Vec<u8>,
+    mismatch: Option<Mismatch>,
     pub peer: SocketAddr,
     pub oob: OwnedFd,
     dead: Option<Error>,
@@ -288,6 +370,16 @@ impl Common {
             qpns: q,
             qp_member: qm,
             nqpns: n,
+            ndata: n,
+            failover: crate::config::get().ib_failover && n > 1,
+            failed: 0,
+            qdead: 0,
+            causes: Vec::new(),
+            peer_dead: 0,
+            resync: None,
+            flushed: [0; crate::proto::verbs::MAX_QPS],
+            inbox: Vec::new(),
+            mismatch: None,
             peer,
             oob,
             dead: None,
@@ -352,17 +444,155 @@ impl Common {
         }
         for i in 0..n {
             let wc = self.wc[i];
-            if wc.status == IBV_WC_SUCCESS {
+            if wc.status == IBV_WC_SUCCESS || wc.wr_id >> KIND_SHIFT == KIND_DRAIN {
                 continue;
             }
             self.wc[i].wr_id = 0;
             if wc.status == IBV_WC_WR_FLUSH_ERR && self.dead.is_some() {
                 continue;
             }
-            let e = self.wc_error(&wc, self.wc_member[i] as usize);
+            let m = self.wc_member[i] as usize;
+            let at = self.qpns[..self.nqpns].iter().zip(&self.qp_member).position(|(&q, &qm)| q == wc.qp_num && qm as usize == m);
+            if let Some(q) = at.filter(|&q| q < self.ndata) {
+                self.flushed[q] = self.flushed[q].saturating_add(1);
+                if self.qdead & (1 << q) != 0 {
+                    continue; // flushed from a queue pair already failed over
+                }
+            }
+            // As net_ib's resiliency: a queue pair whose transport gave up (the link or the
+            // port is gone) or that was flushed fails over; so does one that could not send
+            // because its port is down (Soft-RoCE's way to report it). Any other error is a bug
+            // of one side.
+            let port = self.ports.get(m).copied().unwrap_or(self.port);
+            let link_down = || port.dev.port_down(port.port) || port.dev.port_state(port.port).is_some_and(|s| s != "ACTIVE");
+            let recoverable = matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_WR_FLUSH_ERR) || (wc.status == IBV_WC_LOC_QP_OP_ERR && link_down());
+            if let (true, true, Some(q)) = (self.failover, recoverable, at) {
+                let e = self.wc_error(&wc, m, false);
+                if q < self.ndata {
+                    self.mark_failed(1 << q, &e.to_string());
+                } else {
+                    // A flush queue pair: its member's data queue pairs fail over, and the read
+                    // counts as done (its caller sees its id).
+                    self.mark_failed(self.on_member(m), &e.to_string());
+                    self.wc[i].wr_id = wc.wr_id;
+                }
+                continue;
+            }
+            let e = self.wc_error(&wc, m, true);
             self.die(e);
         }
         Ok(n)
+    }
+
+    /// The data queue pairs on member `m` (bit q).
+    pub(super) fn on_member(&self, m: usize) -> u32 {
+        (0..self.ndata).filter(|&q| self.qp_member[q] as usize == m).fold(0, |a, q| a | 1 << q)
+    }
+
+    /// Queue pairs `mask` failed, for `cause`: the comm fails them over (the shells do, at their
+    /// next call), or, with none left, fails.
+    pub(super) fn mark_failed(&mut self, mask: u32, cause: &str) {
+        let new = mask & !(self.failed | self.qdead);
+        if new == 0 || self.dead.is_some() {
+            return;
+        }
+        self.failed |= new;
+        let all = (1u32 << self.ndata) - 1;
+        let live: Vec<String> = (0..self.ndata).filter(|&q| (self.failed | self.qdead) & (1 << q) == 0).map(|q| self.member_name(self.qp_member[q] as usize)).collect();
+        let mut names: Vec<String> = (0..self.ndata).filter(|&q| new & (1 << q) != 0).map(|q| self.member_name(self.qp_member[q] as usize)).collect();
+        names.dedup();
+        self.causes.push(cause.to_string());
+        if (self.failed | self.qdead) & all == all || !self.failover {
+            let e = Error::remote(format!("every queue pair of this connection failed ({}); no member is left to fail over to", self.causes.join("; ")));
+            self.die(e);
+            return;
+        }
+        let mut live = live;
+        live.dedup();
+        log::warn!(
+            "NET/rivet: {} (peer {}): queue pair(s) {new:#x} on {} failed: {cause}; their traffic fails over to {} (NCCL_IB_RESILIENCY_PORT_FAILOVER)",
+            self.member_name(0),
+            self.peer,
+            names.join(", "),
+            live.join(", ")
+        );
+    }
+
+    fn member_name(&self, m: usize) -> String {
+        let p = self.ports.get(m).unwrap_or(&self.port);
+        format!("{}:{}", p.dev.name, p.port)
+    }
+
+    /// Whether a failover is due: queue pairs found failed, the peer naming dead ones, or (on a
+    /// sender) the receiver's account.
+    pub(super) fn failover_due(&self) -> bool {
+        self.failed != 0 || self.peer_dead & !self.qdead != 0 || self.resync.is_some()
+    }
+
+    /// Deadline of a failover's wait for its drain markers.
+    pub(super) fn drain_deadline() -> Instant {
+        Instant::now() + DRAIN_WAIT
+    }
+
+    /// A failover that could not drain its queue pairs in time: the comm fails.
+    pub(super) fn drain_timeout(&mut self, mask: u32) -> Error {
+        let e = Error::system(format!(
+            "{}: failing over queue pair(s) {mask:#x}: their work requests were not flushed within {} s",
+            self.where_(0),
+            DRAIN_WAIT.as_secs()
+        ));
+        self.die(e)
+    }
+
+    /// Send a notice to the peer over the out-of-band socket (bounded: the socket is otherwise
+    /// idle, and a notice is at most a few KiB).
+    pub(super) fn notify(&mut self, n: &Notice) -> Result<()> {
+        let b = n.encode();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut off = 0;
+        while off < b.len() {
+            match oob::send_some(&self.oob, &b[off..]) {
+                Ok(k) => off += k,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => {
+                    let e = Error::remote(format!("{}: telling the peer of a failover over the out-of-band socket failed: {e}", self.where_(0)));
+                    return Err(self.die(e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Read the notices the peer sent: failover notices are kept for the shell, a mismatch for
+    /// `idle`. Garbage fails the comm.
+    fn read_inbox(&mut self) -> Result<()> {
+        let mut buf = [0u8; MAX_NOTICE];
+        loop {
+            let room = MAX_NOTICE.saturating_sub(self.inbox.len()).max(1);
+            let k = match oob::recv_some(&self.oob, &mut buf[..room]) {
+                Ok(0) | Err(_) => break, // EOF, an error or nothing: the peer's state says which
+                Ok(k) => k,
+            };
+            self.inbox.extend_from_slice(&buf[..k]);
+            loop {
+                match Notice::decode(&self.inbox) {
+                    Ok(None) => break,
+                    Ok(Some((n, len))) => {
+                        self.inbox.drain(..len);
+                        match n {
+                            Notice::Mismatch(m) => self.mismatch = Some(m),
+                            Notice::Fail { dead } => self.peer_dead |= dead,
+                            Notice::Resync(r) => self.resync = Some(r),
+                        }
+                    }
+                    Err(why) => {
+                        let e = Error::remote(format!("{}: the peer's out-of-band socket carried {why}", self.where_(0)));
+                        return Err(self.die(e));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Adaptive routing on this comm's device (see the free function).
@@ -411,8 +641,9 @@ impl Common {
         self.die(err)
     }
 
-    /// A failed work completion as an error that says what and why.
-    fn wc_error(&self, wc: &ibv_wc, m: usize) -> Error {
+    /// A failed work completion as an error that says what and why (`wait`: give the port's
+    /// state a moment to show a dead link's cause).
+    fn wc_error(&self, wc: &ibv_wc, m: usize, wait: bool) -> Error {
         let port = self.ports.get(m).copied().unwrap_or(self.port);
         let op = match wc.wr_id >> KIND_SHIFT {
             KIND_SEND => "RDMA WRITE of a send",
@@ -447,7 +678,7 @@ impl Common {
         // A link that just went down can fail the transport's retries before the port's state or
         // its PORT_ERR event shows it: for the errors a dead link causes, look again for a while
         // (bounded, and only on this error path) before blaming the peer.
-        let link_error = matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR);
+        let link_error = wait && matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR);
         let mut cause = find_cause();
         let deadline = Instant::now() + CAUSE_WAIT;
         while cause.is_none() && link_error && Instant::now() < deadline {
@@ -496,11 +727,26 @@ impl Common {
                 let e = Error::system(format!("{}: asynchronous event {ev}: {}", self.where_on(m, qpn), event_hint(ev)));
                 return Err(self.die(e));
             }
+            let mine = self.on_member(m);
+            if self.failover && dev.port_down(p.port) && mine & !(self.failed | self.qdead) != 0 {
+                self.mark_failed(mine, &format!("the port {}:{} is down (PORT_ERR): check the link and the switch", dev.name, p.port));
+            }
         }
-        if now.saturating_sub(self.peer_checked) < PEER_EVERY.as_millis() as u64 {
+        self.check()?;
+        // The peer's notices: every 100 ms, every 10 ms while a failover is under way.
+        let every = if self.qdead != 0 || self.failed != 0 { LIVENESS_EVERY } else { PEER_EVERY };
+        if now.saturating_sub(self.peer_checked) < every.as_millis() as u64 {
             return Ok(());
         }
         self.peer_checked = now;
+        self.read_inbox()?;
+        if let Some(m) = self.mismatch {
+            let e = Error::usage(format!(
+                "collective mismatch with the peer {}: a send of {} bytes with tag {} into a receive of {} bytes; every rank must run the same collectives with the same sizes",
+                self.peer, m.send_size, m.tag, m.recv_size
+            ));
+            return Err(self.die(e));
+        }
         match self.peer_state() {
             PeerState::Alive => return Ok(()),
             PeerState::Mismatch(m) => {

@@ -337,7 +337,7 @@ impl Setup {
             // the sender learns our QPNs.
             for (i, q) in rts.iter().enumerate() {
                 let p = self.ports[fuse::member_of(i, ln)];
-                recv::post_recvs(q, conn::Depths::get().recv_rq).map_err(|rc| {
+                recv::post_recvs(q, conn::Depths::get().recvs_posted()).map_err(|rc| {
                     Error::system(format!(
                         "{}:{}: ibv_post_recv failed: {}",
                         p.dev.name,

@@ -47,3 +47,23 @@ pub fn notify_mismatch(fd: &OwnedFd, m: Mismatch) {
     // SAFETY: a non-blocking send of our own buffer on a socket we own.
     unsafe { libc::send(fd.as_raw_fd(), b.as_ptr() as *const _, b.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
 }
+
+/// Send what the socket takes now of `b` (never blocks).
+pub fn send_some(fd: &OwnedFd, b: &[u8]) -> std::io::Result<usize> {
+    // SAFETY: a non-blocking send of our own buffer of b.len() bytes on a socket we own.
+    let r = unsafe { libc::send(fd.as_raw_fd(), b.as_ptr() as *const _, b.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r as usize)
+}
+
+/// Read what has arrived, up to `b.len()` bytes (never blocks): 0 at the end of the stream.
+pub fn recv_some(fd: &OwnedFd, b: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: a non-blocking read into our own buffer of b.len() bytes, on a socket we own.
+    let r = unsafe { libc::recv(fd.as_raw_fd(), b.as_mut_ptr() as *mut _, b.len(), libc::MSG_DONTWAIT) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r as usize)
+}

@@ -2,12 +2,12 @@
 //! sender writes into events for the [`RecvEngine`], and posts what it answers (clear-to-send
 //! groups, credit words, flush reads) as work requests; copies eager payloads out of the ring.
 
-use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, SqBook, KIND_CTRL, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RING_SLOTS};
+use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, Drain, SqBook, KIND_CTRL, KIND_DRAIN, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RING_SLOTS};
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
 use crate::proto::send::Origin;
-use crate::proto::verbs::{cts_stride, fifo_bytes, Cts, CtsKeys, EagerHdr, Imm, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use crate::proto::verbs::{cts_stride, fifo_bytes, remap, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
 use super::fuse::{member_of, MAX_MEMBERS};
 
 /// Staging copies of CTS groups, used in turn by consecutive receives: a group's copy is read by
@@ -79,10 +79,18 @@ pub struct VerbsRecv {
     rem_fifo_rkeys: [u32; MAX_MEMBERS],
     /// Members of the sender (queue pair q writes to its member q % rem_members).
     rem_members: usize,
-    /// Adaptive routing on this side's members: credit writes one at a time, the last's place
-    /// in queue pair 0's send queue in `credit_at`.
+    /// Adaptive routing on this side's members: credit writes one at a time, the last's queue
+    /// pair and place in its send queue in `credit_at`.
     ar: bool,
-    credit_at: Option<u64>,
+    credit_at: Option<(usize, u64)>,
+    /// Which queue pair carries each logical one's writes (after queue pairs failed).
+    map: [u8; MAX_QPS],
+    /// Failed queue pairs whose drain marker has completed.
+    drained: u32,
+    in_failover: bool,
+    /// Each receive's keys of its buffers on every member (a fused receiver's CTS entries carry
+    /// them), to write its CTS group again after a failover.
+    keys: Box<[[CtsKeys; MAX_GROUP]]>,
     eng: RecvEngine,
     /// Receives posted and not yet consumed, per QP, and how many each QP's queue holds.
     posted_recvs: [u32; MAX_QPS],
@@ -134,9 +142,13 @@ impl VerbsRecv {
             rem_members,
             ar: c.adaptive_routing(),
             credit_at: None,
+            map: std::array::from_fn(|q| q as u8),
+            drained: 0,
+            in_failover: false,
+            keys: vec![[CtsKeys::default(); MAX_GROUP]; RECV_REQS].into_boxed_slice(),
             eng,
-            posted_recvs: [depths.recv_rq; MAX_QPS],
-            rq: depths.recv_rq,
+            posted_recvs: [depths.recvs_posted(); MAX_QPS],
+            rq: depths.recvs_posted(),
             book: SqBook::new(depths.recv_sq),
             cts_reading: [None; CTS_STAGES],
             // SAFETY: all-zero work requests and scatter entries are valid (null pointers, 0 sizes).
@@ -148,13 +160,18 @@ impl VerbsRecv {
         }
     }
 
-    /// Post one RDMA WRITE of our memory `[src, src+len)` (lkey) to the sender's FIFO memory.
+    /// Post one RDMA WRITE of our memory `[src, src+len)` (lkey) to the sender's FIFO memory, on
+    /// queue pair `q` (physical: the caller maps a logical one).
     /// Returns whether it went inline (else the NIC reads the source later: the write is
     /// signaled, so that it is known complete soon).
     /// `lkeys` are the source's keys per member (a Part's): queue pair q uses our member
     /// q % members' and writes with the sender's member q % rem_members' key.
     /// `signal`: signaled even when inline (so that its completion is known).
     fn post_ctrl(&mut self, q: usize, src: u64, lkey_on: impl Fn(usize) -> u32, len: usize, remote: u64, signal: bool) -> Result<bool> {
+        if self.gone(q) {
+            // Failed: dropped, as its flush would; the failover writes it again on a live one.
+            return Ok(true);
+        }
         let lkey = lkey_on(member_of(q, self.c.ports.len()));
         let rkey = self.rem_fifo_rkeys[member_of(q, self.rem_members)];
         self.sges[0] = ibv_sge { addr: src, length: len as u32, lkey };
@@ -215,13 +232,14 @@ impl VerbsRecv {
         }
         self.retire_copies()?;
         // A credit lets the sender fill ring slots again: each takes a posted receive.
-        if !self.eng.credit_pending() || self.book.room(0) == 0 || !self.recvs_cover(0, 0)? {
+        let q0 = self.map[0] as usize;
+        if !self.eng.credit_pending() || self.book.room(q0) == 0 || !self.recvs_cover(q0, 0)? {
             return Ok(()); // none due, or it stays due
         }
         // Adaptive routing may place two writes of one queue pair out of order, and the credit
         // word is one address written again and again: an older value placed last would stand.
         // So one credit write at a time: the next waits until the last is known complete.
-        if self.credit_at.is_some_and(|place| !self.book.done(0, place)) {
+        if self.credit_at.is_some_and(|(q, place)| !self.book.done(q, place)) {
             return Ok(());
         }
         if let Some(word) = self.eng.credit_due() {
@@ -229,21 +247,182 @@ impl VerbsRecv {
             // the sender overwrite them is written: Arm may otherwise let the later store (and the
             // doorbell, whose barrier orders stores only) pass those loads.
             fence(Ordering::SeqCst);
-            let w = self.scratch.ptr() as *mut u64;
-            // SAFETY: the scratch buffer holds 64 bytes of our own memory; word 1 is the credit's.
-            unsafe { w.add(1).write(word) };
-            let scratch = self.scratch;
-            let credit = self.rem_fifo_addr + fifo_bytes(self.c.ports.len()) as u64;
-            self.post_ctrl(0, scratch.addr() + 8, |m| scratch.lkey_on(m), 8, credit, self.ar)?;
-            if self.ar {
-                self.credit_at = Some(self.book.last_place(0));
+            self.post_credit(word)?;
+        }
+        Ok(())
+    }
+
+    /// Write the credit word into the sender's memory (logical queue pair 0's).
+    fn post_credit(&mut self, word: u64) -> Result<()> {
+        let w = self.scratch.ptr() as *mut u64;
+        // SAFETY: the scratch buffer holds 64 bytes of our own memory; word 1 is the credit's.
+        unsafe { w.add(1).write(word) };
+        let scratch = self.scratch;
+        let credit = self.rem_fifo_addr + fifo_bytes(self.c.ports.len()) as u64;
+        let q0 = self.map[0] as usize;
+        self.post_ctrl(q0, scratch.addr() + 8, |m| scratch.lkey_on(m), 8, credit, self.ar)?;
+        if self.ar && !self.gone(q0) {
+            self.credit_at = Some((q0, self.book.last_place(q0)));
+        }
+        Ok(())
+    }
+
+    /// Whether queue pair `q` failed.
+    fn gone(&self, q: usize) -> bool {
+        (self.c.qdead | self.c.failed) & (1 << q) != 0
+    }
+
+    /// Nothing moved: liveness, the device's events and the peer's notices, and a failover
+    /// they call for.
+    fn idle(&mut self) -> Result<()> {
+        self.c.idle(self.eng.outstanding())?;
+        if self.c.failover_due() {
+            self.fail_over()?;
+        }
+        Ok(())
+    }
+
+    /// Fail over (once per call chain: draining polls, and polls may find more).
+    fn fail_over(&mut self) -> Result<()> {
+        if self.in_failover {
+            return Ok(());
+        }
+        self.in_failover = true;
+        let r = self.fail_over_now();
+        self.in_failover = false;
+        r
+    }
+
+    /// Queue pairs found failed here, or named by the sender, go to ERR and are drained: every
+    /// write that reached them is polled, and nothing more arrives through them. Then the
+    /// account of what arrived goes to the sender (which sends again what is missing), and the
+    /// clear-to-send groups and the credit word, which may have been lost with them, are written
+    /// again on the queue pairs that live.
+    fn fail_over_now(&mut self) -> Result<()> {
+        let new = (self.c.failed | self.c.peer_dead) & !self.c.qdead & ((1u32 << self.qps.len()) - 1);
+        if new == 0 {
+            return Ok(());
+        }
+        let ln = self.c.ports.len();
+        for q in (0..self.qps.len()).filter(|&q| new & (1 << q) != 0) {
+            let port = self.c.ports[member_of(q, ln)];
+            if let Err(e) = self.qps[q].to_err(port) {
+                return Err(self.c.die(e));
             }
+            let mut wr = ibv_recv_wr { wr_id: (KIND_DRAIN << KIND_SHIFT) | q as u64, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: a valid receive work request without a scatter list, on a live queue pair
+            // (in ERR: it completes flushed, after every receive posted before it).
+            let rc = unsafe { verbs::post_recv(self.qps[q].qp().raw(), &mut wr, &mut bad) };
+            if rc != 0 {
+                return Err(self.c.post_failed_on(member_of(q, ln), self.qps[q].qp().qpn(), "posting the drain marker", rc));
+            }
+        }
+        let mut wait = Drain::new(new);
+        loop {
+            let moved = self.drained & new != new && self.progress()?;
+            if wait.done(&mut self.c, self.drained, moved)? {
+                break;
+            }
+        }
+        self.c.qdead |= new;
+        self.c.failed &= !new;
+        let nq = self.qps.len();
+        let Some(map) = remap(self.c.qdead, nq) else {
+            return Err(self.c.die(Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
+        };
+        self.map = map;
+        let account = self.eng.resync(self.c.qdead);
+        let (nrecvs, ring) = (account.recvs.len(), account.ring_arrived);
+        self.c.notify(&Notice::Resync(account))?;
+        if self.credit_at.is_some_and(|(q, _)| self.gone(q)) {
+            self.credit_at = None;
+        }
+        for r in self.cts_reading.iter_mut() {
+            if r.is_some_and(|(q, _)| (self.c.qdead | self.c.failed) & (1 << q) != 0) {
+                *r = None;
+            }
+        }
+        // Each entry alone, inline (a group may land entry by entry: the sender checks each
+        // entry's stamp).
+        let stride = cts_stride(ln);
+        for (req, p) in self.eng.cts_outstanding() {
+            let q = self.map[p.q] as usize;
+            for (i, e) in p.entries[..p.n].iter().enumerate() {
+                self.wait_room(q)?;
+                let mut b = [0u8; 64];
+                if ln > 1 {
+                    b[..32].copy_from_slice(&self.keys[req as usize][i].0.map(u32::to_le_bytes).concat());
+                }
+                // SAFETY: Cts is 32 bytes of plain integers (repr(C)); `b` has room for it at the
+                // stride's end.
+                unsafe { (b.as_mut_ptr().add(stride - 32) as *mut Cts).write_unaligned(*e) };
+                let remote = self.rem_fifo_addr + ((p.slot * MAX_GROUP + i) * stride) as u64;
+                if stride <= self.qps[q].qp().max_inline as usize {
+                    // Inline: the bytes are copied into the work request at post (`b` is ours).
+                    self.post_ctrl(q, b.as_ptr() as u64, |_| 0, stride, remote, false)?;
+                    continue;
+                }
+                // A provider without inline room: from the group's staging copy, once the NIC no
+                // longer reads it, and waited for.
+                let stage = p.slot % CTS_STAGES;
+                self.wait_stage(stage)?;
+                let off = (stage * MAX_GROUP + i) * stride;
+                // SAFETY: inside the staging copies (stage < CTS_STAGES, i < MAX_GROUP), our own
+                // memory, which the NIC no longer reads (`wait_stage`).
+                unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), self.cts_out.ptr().add(off), stride) };
+                let out = self.cts_out;
+                self.post_ctrl(q, out.addr() + off as u64, |m| out.lkey_on(m), stride, remote, false)?;
+                self.cts_reading[stage] = Some((q as u8, self.book.last_place(q)));
+                self.wait_stage(stage)?;
+            }
+        }
+        let word = self.eng.credits_sent();
+        if word > 0 {
+            self.wait_room(self.map[0] as usize)?;
+            self.post_credit(word)?;
+        }
+        log::info!(
+            "NET/rivet: {}: failed over queue pair(s) {new:#x}: told the sender what arrived ({ring} eager slots, {nrecvs} receive(s) in flight) and wrote their clear-to-send entries and the credit again; logical queue pairs now on {:?}",
+            self.c.where_(0),
+            &self.map[..nq]
+        );
+        Ok(())
+    }
+
+    /// Wait (bounded) until the NIC no longer reads CTS staging copy `stage`.
+    fn wait_stage(&mut self, stage: usize) -> Result<()> {
+        let deadline = Common::drain_deadline();
+        while let Some((q, place)) = self.cts_reading[stage] {
+            if self.gone(q as usize) || self.book.done(q as usize, place) {
+                self.cts_reading[stage] = None;
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(self.c.drain_timeout(0));
+            }
+            self.progress()?;
+        }
+        Ok(())
+    }
+
+    /// Wait (bounded) until queue pair `q`'s send queue has room for a control write.
+    fn wait_room(&mut self, q: usize) -> Result<()> {
+        let deadline = Common::drain_deadline();
+        while self.book.room(q) < 2 {
+            if std::time::Instant::now() > deadline {
+                return Err(self.c.drain_timeout(0));
+            }
+            self.progress()?;
         }
         Ok(())
     }
 
     /// Top up QP `q`'s posted receives.
     fn repost(&mut self, q: usize) -> Result<()> {
+        if self.gone(q) {
+            return Ok(());
+        }
         let n = self.rq - self.posted_recvs[q];
         if let Err(rc) = post_recvs(&self.qps[q], n) {
             return Err(self.c.post_failed(self.qps[q].qp().qpn(), "ibv_post_recv", rc));
@@ -257,7 +436,11 @@ impl VerbsRecv {
     /// ring slot, and one per buffer of each incomplete receive with a CTS out. The receive
     /// queue can hold that many, or the new receive would not have been posted.
     fn recvs_cover(&mut self, q: usize, more: usize) -> Result<bool> {
-        let need = RING_SLOTS + self.eng.rdv_owed() + more;
+        // After a failover a queue pair may carry several logical ones' writes (more than its
+        // queue holds, at worst: then it waits for all its receives, and an excess write is
+        // retried by the sender's NIC, not lost: rnr_retry 7).
+        let carried = self.map[..self.qps.len()].iter().filter(|&&p| p as usize == q).count().max(1);
+        let need = (RING_SLOTS + (self.eng.rdv_owed() + more) * carried).min(self.rq as usize);
         if (self.posted_recvs[q] as usize) < need && self.posted_recvs[q] < self.rq {
             self.repost(q)?;
         }
@@ -279,19 +462,19 @@ impl VerbsRecv {
     /// `can_post` without reaping: room in every send queue, and for a receive with a CTS of
     /// `n` buffers its staging copy free and receives posted for its writes.
     fn room_for(&mut self, cts: bool, n: usize) -> Result<bool> {
-        if !(0..self.qps.len()).all(|q| self.book.room(q) >= 2) {
+        if !(0..self.qps.len()).all(|q| self.gone(q) || self.book.room(q) >= 2) {
             return Ok(false);
         }
         if !cts {
             return Ok(true);
         }
         if let Some((q, place)) = self.cts_reading[self.eng.next_cts_slot() % CTS_STAGES] {
-            if !self.book.done(q as usize, place) {
+            if !self.gone(q as usize) && !self.book.done(q as usize, place) {
                 return Ok(false);
             }
         }
         for q in 0..self.qps.len() {
-            if !self.recvs_cover(q, n)? {
+            if !self.gone(q) && !self.recvs_cover(q, n)? {
                 return Ok(false);
             }
         }
@@ -337,6 +520,7 @@ impl VerbsRecv {
                         }
                     }
                 }
+                KIND_DRAIN => self.drained |= 1 << (wc.wr_id & 0xff),
                 KIND_FLUSH => {
                     // One read per member: the flush is done with the last.
                     let req = (wc.wr_id & 0xffff) as u16;
@@ -351,6 +535,9 @@ impl VerbsRecv {
             }
         }
         self.c.check()?;
+        if self.c.failover_due() {
+            self.fail_over()?;
+        }
         for q in 0..self.qps.len() {
             // In batches of a quarter of the queue (the exact need is checked before each CTS
             // and credit write).
@@ -384,10 +571,13 @@ impl Conn for VerbsRecv {
             // The send queues are full, or a CTS now could bring more writes than receives are
             // posted: not yet.
             self.c.waits += 1;
-            self.c.idle(self.eng.outstanding())?;
+            self.idle()?;
             return Ok(None);
         }
         let RecvPlan::Posted { req, cts } = self.eng.post(&specs[..n]) else { return Ok(None) };
+        if let Some(k) = self.keys.get_mut(req as usize) {
+            k[..n].copy_from_slice(&keys[..n]);
+        }
         if let Some(p) = cts {
             // Each entry takes its stride: [keys on every member, if fused][the 32-byte entry].
             let stride = cts_stride(ln);
@@ -408,8 +598,9 @@ impl Conn for VerbsRecv {
             }
             let out = self.cts_out;
             let remote = self.rem_fifo_addr + (p.slot * MAX_GROUP * stride) as u64;
-            let inline = self.post_ctrl(p.q, out.addr() + off as u64, |m| out.lkey_on(m), p.n * stride, remote, false)?;
-            self.cts_reading[stage] = if inline { None } else { Some((p.q as u8, self.book.last_place(p.q))) };
+            let q = self.map[p.q] as usize;
+            let inline = self.post_ctrl(q, out.addr() + off as u64, |m| out.lkey_on(m), p.n * stride, remote, false)?;
+            self.cts_reading[stage] = if inline { None } else { Some((q as u8, self.book.last_place(q))) };
         }
         // Eager messages that arrived before this receive.
         self.drain_ring()?;
@@ -434,9 +625,15 @@ impl Conn for VerbsRecv {
         }
         let req = self.eng.post_flush().map_err(|e| self.c.proto(e))?;
         // A read through every member: each member's writes into GPU memory are visible once a
-        // read through it completes, and any member may have carried this buffer's data.
-        self.flush_left[req as usize] = ln as u8;
+        // read through it completes, and any member may have carried this buffer's data. Not a
+        // member whose queue pairs all failed over (no data came through it since).
+        let dead = self.c.qdead | self.c.failed;
+        let live = |k: usize| self.c.on_member(k) & !dead != 0;
+        self.flush_left[req as usize] = (0..ln).filter(|&k| live(k)).count() as u8;
         for k in 0..ln {
+            if self.c.on_member(k) & !dead == 0 {
+                continue;
+            }
             let Some(flush_qp) = &self.flush_qps[k] else { return Ok(None) };
             self.sges[0] = ibv_sge { addr: self.scratch.addr(), length: 1, lkey: self.scratch.lkey_on(k) };
             self.wrs[0] = rdma_wr(IBV_WR_RDMA_READ, (KIND_FLUSH << KIND_SHIFT) | req as u64, b.buf.addr() as u64, m.rkey_on(k), 1);
@@ -460,7 +657,7 @@ impl Conn for VerbsRecv {
             return Ok(Some(n));
         }
         if !moved {
-            self.c.idle(self.eng.outstanding())?;
+            self.idle()?;
         }
         Ok(None)
     }

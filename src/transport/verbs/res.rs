@@ -328,6 +328,15 @@ impl QpRts {
     pub fn qp(&self) -> &Qp {
         &self.0
     }
+
+    /// Move a failed queue pair to ERR: nothing more arrives through it, and every work request
+    /// on it (and any posted after) completes, flushed.
+    pub fn to_err(&self, port: &IbPort) -> Result<()> {
+        // SAFETY: ibv_qp_attr is plain C data (see `rtr`); only the state is read for this mask.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = IBV_QPS_ERR;
+        modify(&self.0, &mut a, IBV_QP_STATE, "ERR", port)
+    }
 }
 
 /// A registered memory region owned outside the cache (FIFOs, scratch).

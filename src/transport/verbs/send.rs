@@ -1,14 +1,13 @@
 //! The sending shell: reads the clear-to-send FIFO and the credit word the receiver writes into
 //! our memory, feeds them to the [`SendEngine`], and posts what it answers as work requests.
 
-use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, SqBook, KIND_CTRL, KIND_SEND, KIND_SHIFT, PART_SHIFT, REQ_MASK};
+use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, Drain, SqBook, KIND_CTRL, KIND_DRAIN, KIND_SEND, KIND_SHIFT, PART_SHIFT, REQ_MASK};
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::Result;
-use crate::proto::send::{Close, Origin, RdvStep, RingSpec, SendEngine, SendPlan, SEND_REQS};
-use crate::proto::verbs::{cts_stride, fifo_bytes, Cts, CtsKeys, EagerHdr, Imm, EAGER_DATA, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use crate::proto::send::{Close, Origin, RdvStep, Resend, RingSpec, SendEngine, SendPlan, SEND_REQS};
+use crate::proto::verbs::{cts_stride, fifo_bytes, remap, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_DATA, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
 use super::fuse::{member_of, MAX_MEMBERS};
 use crate::sys::ib::*;
-use crate::sys::verbs;
 use crate::transport::{path_of, Conn, Lent, MrInfo, Path, MAX_RECVS};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
@@ -17,6 +16,10 @@ const CTS_READ_EVERY: u32 = 4096;
 /// The most work requests one post of a send makes on a queue pair: a rendezvous part's data
 /// write and its size write.
 const MAX_POST: u32 = 2;
+/// Largest inline eager write (header and payload) whose bytes the sender keeps, on a comm that
+/// can fail over, to write again if its queue pair fails before the receiver has it (the send
+/// is complete once posted, so the application may have reused its buffer).
+const INLINE_COPY: usize = 128;
 
 /// Where the sender's eager messages go.
 pub struct Ring {
@@ -58,9 +61,20 @@ pub struct VerbsSend {
     /// A fused receiver's keys of each CTS entry (slot × MAX_GROUP + entry), read with it.
     cts_rkeys: Box<[CtsKeys]>,
     eng: SendEngine,
-    /// Local source (address, lkey on each member, in GPU memory) of each request slot's
-    /// rendezvous send.
+    /// Local source (address, lkey on each member, in GPU memory) of each request slot's send.
     local: Box<[(u64, [u32; MAX_MEMBERS], bool)]>,
+    /// Bytes of each request slot's rendezvous send that can be read so far.
+    ready: Box<[usize]>,
+    /// Which queue pair carries each logical one's traffic (after queue pairs failed), and the
+    /// failed queue pairs whose loss the receiver's account has been applied for.
+    map: [u8; MAX_QPS],
+    synced: u32,
+    /// Failed queue pairs whose drain marker has completed.
+    drained: u32,
+    in_failover: bool,
+    /// On a comm that can fail over: each ring slot's last inline eager write (its length, 0 for
+    /// none, and bytes).
+    inline_copy: Box<[(u8, [u8; INLINE_COPY])]>,
     /// What each send queue holds.
     book: SqBook,
     /// Rendezvous sends whose newly ready bytes found a send queue full (request, bytes ready),
@@ -94,6 +108,7 @@ impl VerbsSend {
         let mut eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, Origin::default());
         eng.set_adaptive_routing(c.adaptive_routing().then_some(crate::config::get().ib_ar_threshold));
         let keyed = if rem_members > 1 { FIFO_DEPTH * MAX_GROUP } else { 0 };
+        let copies = if c.failover { ring.slots } else { 0 };
         VerbsSend {
             qps,
             cqs,
@@ -108,7 +123,14 @@ impl VerbsSend {
             cts_rkeys: vec![CtsKeys::default(); keyed].into_boxed_slice(),
             eng,
             local: vec![(0, [0; MAX_MEMBERS], false); SEND_REQS].into_boxed_slice(),
-            book: SqBook::new(Depths::get().send_sq),
+            ready: vec![0; SEND_REQS].into_boxed_slice(),
+            map: std::array::from_fn(|q| q as u8),
+            synced: 0,
+            drained: 0,
+            in_failover: false,
+            inline_copy: vec![(0, [0; INLINE_COPY]); copies].into_boxed_slice(),
+            // One work request of each send queue is kept for a failover's drain marker.
+            book: SqBook::new(Depths::get().send_sq - 1),
             deferred: vec![(0, 0); SEND_REQS].into_boxed_slice(),
             ndeferred: 0,
             eager_run: 0,
@@ -192,7 +214,12 @@ impl VerbsSend {
         self.eng.on_credit(w);
     }
 
+    /// Post `k` work requests on queue pair `q`, unless it failed: then they are dropped, as
+    /// its flush would, and the failover sends again whatever the receiver did not get.
     fn post(&mut self, q: usize, k: usize) -> Result<()> {
+        if self.gone(q) {
+            return Ok(());
+        }
         self.book.book(q, &mut self.wrs, k);
         if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, k) {
             return Err(self.c.post_failed(self.qps[q].qp().qpn(), "ibv_post_send", rc));
@@ -204,55 +231,71 @@ impl VerbsSend {
     /// inline: the payload was copied at post time, nothing to wait for (if the write is
     /// signaled, to retire the ones before it, its id is a control one).
     /// `on_gpu`: the payload is GPU memory, which only the NIC may read (never inline).
-    fn post_eager(&mut self, ring_slot: usize, hdr_slot: usize, h: EagerHdr, (data, lkey): (u64, u32), wr_id: u64, on_gpu: bool) -> Result<bool> {
+    fn post_eager(&mut self, ring_slot: usize, hdr_slot: usize, h: EagerHdr, (data, lkeys): (u64, [u32; MAX_MEMBERS]), wr_id: u64, on_gpu: bool) -> Result<bool> {
         // SAFETY: `hdr_slot < SEND_REQS + RTS_HDRS`, the header buffers HDRS_BYTES holds.
         let hp = unsafe { self.hdrs.ptr().add(hdr_slot * EAGER_HDR) as *mut EagerHdr };
         // SAFETY: our own registered memory, aligned for the header, not in flight (its request
         // slot, or the announcement's, is ours until its write completes).
         unsafe { hp.write(h) };
         let size = if h.flags & EAGER_DATA != 0 { h.size as usize } else { 0 };
-        self.c.member_bytes[0] += size as u64;
-        // Queue pair 0: our member 0 to the receiver's.
-        self.sges[0] = ibv_sge { addr: hp as u64, length: EAGER_HDR as u32, lkey: self.hdrs.lkey() };
-        self.sges[1] = ibv_sge { addr: data, length: size as u32, lkey };
+        // Logical queue pair 0 (queue pair 0 until it fails): our member lm to the receiver's rm.
+        let q = self.map[0] as usize;
+        let (lm, rm) = (member_of(q, self.c.ports.len()), member_of(q, self.rem_members));
+        self.c.member_bytes[lm] += size as u64;
+        self.sges[0] = ibv_sge { addr: hp as u64, length: EAGER_HDR as u32, lkey: self.hdrs.lkey_on(lm) };
+        self.sges[1] = ibv_sge { addr: data, length: size as u32, lkey: lkeys[lm] };
         let remote = self.ring.addr + (ring_slot * slot_bytes(self.ring.eager_max)) as u64;
         let imm = Imm::Eager(ring_slot as u32).encode().to_be();
+        let rkey = self.ring.rkeys[rm];
         if self.eng.ar_split(EAGER_HDR + size) {
             // Adaptive routing, above its threshold: the header and payload as a plain write,
             // then the immediate alone (a zero-byte send), completed only once the write landed.
-            self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, remote, self.ring.rkeys[0], if size > 0 { 2 } else { 1 });
+            self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, remote, rkey, if size > 0 { 2 } else { 1 });
             self.wrs[1] = rdma_wr(IBV_WR_SEND_WITH_IMM, wr_id, 0, 0, 0);
             self.wrs[1].__bindgen_anon_1.imm_data = imm;
             self.wrs[1].send_flags = IBV_SEND_SIGNALED;
-            self.book.book(0, &mut self.wrs, 2);
-            // post_chain points wrs[0] at sges[0..2] (its num_sge) and wrs[1] at none.
-            if let Err(rc) = post_chain(&self.qps[0], &mut self.wrs, &mut self.sges, 2) {
-                return Err(self.c.post_failed(self.qps[0].qp().qpn(), "ibv_post_send (eager)", rc));
+            if !self.inline_copy.is_empty() {
+                self.inline_copy[ring_slot].0 = 0;
             }
+            // post_chain points wrs[0] at sges[0..2] (its num_sge) and wrs[1] at none.
+            self.post(q, 2)?;
             return Ok(false);
         }
-        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, remote, self.ring.rkeys[0], if size > 0 { 2 } else { 1 });
-        self.wrs[0].sg_list = self.sges.as_mut_ptr();
+        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, remote, rkey, if size > 0 { 2 } else { 1 });
         self.wrs[0].__bindgen_anon_1.imm_data = imm;
-        let inline = !on_gpu && EAGER_HDR + size <= self.qps[0].qp().max_inline as usize;
-        if inline && self.book.signals_next(0) {
+        let room = if self.inline_copy.is_empty() { usize::MAX } else { INLINE_COPY };
+        let inline = !on_gpu && EAGER_HDR + size <= (self.qps[q].qp().max_inline as usize).min(room);
+        if inline && self.book.signals_next(q) {
             // This one will be signaled: reap the completions before it first. Nothing else
             // polls a stream of inline sends (each is done once posted), and their send queue
             // slots come back only when a completion after them is polled.
             self.progress()?;
         }
+        if !inline && !self.inline_copy.is_empty() {
+            self.inline_copy[ring_slot].0 = 0;
+        }
+        if inline && !self.inline_copy.is_empty() {
+            // Kept until the ring slot is written again: the send is done once posted.
+            let c = &mut self.inline_copy[ring_slot];
+            c.0 = (EAGER_HDR + size) as u8;
+            // SAFETY: the header is our own memory (just written); the payload is `size` bytes of
+            // host memory lent for this send (inline: not GPU memory), and the copy has room for
+            // both (EAGER_HDR + size <= INLINE_COPY).
+            unsafe {
+                std::ptr::copy_nonoverlapping(hp as *const u8, c.1.as_mut_ptr(), EAGER_HDR);
+                std::ptr::copy_nonoverlapping(data as *const u8, c.1.as_mut_ptr().add(EAGER_HDR), size);
+            }
+        }
         // Not inline: signaled, its request waits for it. Inline: the book signals one in
         // SIGNAL_EVERY, which retires the ones before it.
         self.wrs[0].send_flags = if inline { IBV_SEND_INLINE } else { IBV_SEND_SIGNALED };
-        self.wrs[0].next = std::ptr::null_mut();
-        self.book.book(0, &mut self.wrs, 1);
-        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: the work request and its scatter list are valid and outlive the call.
-        let rc = unsafe { verbs::post_send(self.qps[0].qp().raw(), self.wrs.as_mut_ptr(), &mut bad) };
-        if rc != 0 {
-            return Err(self.c.post_failed(self.qps[0].qp().qpn(), "ibv_post_send (eager)", rc));
-        }
+        self.post(q, 1)?;
         Ok(inline)
+    }
+
+    /// Whether queue pair `q` failed (its posts are dropped, as its flush would).
+    fn gone(&self, q: usize) -> bool {
+        (self.c.qdead | self.c.failed) & (1 << q) != 0
     }
 
     /// Post what is newly ready (the first `ready` bytes) of rendezvous send `req`, as the
@@ -267,15 +310,17 @@ impl VerbsSend {
         let (ln, rn) = (self.c.ports.len(), self.rem_members);
         for i in 0..k {
             let s = self.steps[i];
+            // Logical queue pair s.q runs on queue pair q (itself, until it fails): our member
+            // q % ln (its lkey) to the receiver's q % rn (its rkey).
+            let q = self.map[s.q] as usize;
+            let (lm, rm) = (member_of(q, ln), member_of(q, rn));
             let mut n = 0;
             if let Some((off, len)) = s.data {
-                // Queue pair q: our member q % ln (its lkey) to the receiver's q % rn (its rkey).
-                let (lm, rm) = (member_of(s.q, ln), member_of(s.q, rn));
                 let rkey = if rn > 1 { self.cts_rkeys[t.sizes_off as usize / 8].0[rm] } else { t.rkey };
                 self.c.member_bytes[lm] += len as u64;
                 self.sges[0] = ibv_sge { addr: data + off as u64, length: len as u32, lkey: lkeys[lm] };
                 self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, t.addr + off as u64, rkey, 1);
-                if !on_gpu && len <= self.qps[s.q].qp().max_inline as usize {
+                if !on_gpu && len <= self.qps[q].qp().max_inline as usize {
                     // A small host payload goes in the work request (GPU memory only the NIC
                     // may read).
                     self.wrs[0].send_flags |= IBV_SEND_INLINE;
@@ -285,8 +330,8 @@ impl VerbsSend {
             match s.close {
                 None => {}
                 Some(Close::Size) => {
-                    self.sges[n] = ibv_sge { addr: self.sizes_out.addr() + t.sizes_off, length: 8, lkey: self.sizes_out.lkey() };
-                    self.wrs[n] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, self.rem_sizes_addr + t.sizes_off, self.rem_sizes_rkeys[0], 1);
+                    self.sges[n] = ibv_sge { addr: self.sizes_out.addr() + t.sizes_off, length: 8, lkey: self.sizes_out.lkey_on(lm) };
+                    self.wrs[n] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, self.rem_sizes_addr + t.sizes_off, self.rem_sizes_rkeys[rm], 1);
                     self.wrs[n].send_flags |= IBV_SEND_INLINE;
                     n += 1;
                 }
@@ -304,7 +349,7 @@ impl VerbsSend {
                 self.wrs[n - 1].__bindgen_anon_1.imm_data = t.imm_of(s.q).to_be();
                 self.wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
             }
-            self.post(s.q, n)?;
+            self.post(q, n)?;
         }
         Ok(())
     }
@@ -319,19 +364,152 @@ impl VerbsSend {
                     self.eng.on_completion((wc.wr_id & REQ_MASK) as u16, ((wc.wr_id >> PART_SHIFT) & 0xf) as usize);
                 }
                 KIND_CTRL => self.book.retire(wc.wr_id),
+                KIND_DRAIN => self.drained |= 1 << (wc.wr_id & 0xff),
                 _ => {}
             }
         }
         self.c.check()?;
+        if self.c.failover_due() {
+            self.fail_over()?;
+        }
         if self.ndeferred > 0 {
             self.post_deferred()?;
         }
         Ok(n > 0)
     }
 
-    /// Whether every send queue has room for the largest post.
+    /// Nothing moved: liveness, the device's events and the peer's notices, and a failover
+    /// they call for.
+    fn idle(&mut self) -> Result<()> {
+        self.c.idle(self.eng.outstanding())?;
+        if self.c.failover_due() {
+            self.fail_over()?;
+        }
+        Ok(())
+    }
+
+    /// Fail over (once per call chain: draining polls, and polls may find more).
+    fn fail_over(&mut self) -> Result<()> {
+        if self.in_failover {
+            return Ok(());
+        }
+        self.in_failover = true;
+        let r = self.fail_over_now();
+        self.in_failover = false;
+        r
+    }
+
+    /// Queue pairs found failed here, or named by the receiver, go to ERR and are drained (no
+    /// completion of theirs comes after); those found here are named to the receiver, whose
+    /// account (sent once its own are drained) says what of them arrived; the engine completes
+    /// what did and the rest is posted again on the queue pairs that live.
+    fn fail_over_now(&mut self) -> Result<()> {
+        let resync = self.c.resync.take();
+        let named = resync.as_ref().map_or(0, |r| r.dead);
+        let new = (self.c.failed | named) & !self.c.qdead & ((1u32 << self.qps.len()) - 1);
+        if new != 0 {
+            let found_here = self.c.failed & new != 0;
+            self.drain(new)?;
+            self.c.qdead |= new;
+            self.c.failed &= !new;
+            if found_here {
+                self.c.notify(&Notice::Fail { dead: self.c.qdead })?;
+            }
+        }
+        let Some(r) = resync else { return Ok(()) };
+        let newly = r.dead & !self.synced;
+        if newly == 0 {
+            return Ok(());
+        }
+        let nq = self.qps.len();
+        let parts = (0..nq).filter(|&q| newly & (1 << self.map[q]) != 0).fold(0u32, |m, q| m | 1 << q);
+        let resend = self.eng.fail_over(parts, &r).map_err(|e| self.c.proto(e))?;
+        self.synced |= r.dead;
+        let Some(map) = remap(self.synced, nq) else {
+            return Err(self.c.die(crate::error::Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
+        };
+        self.map = map;
+        log::info!(
+            "NET/rivet: {}: failed over queue pair(s) {newly:#x}: the receiver's account (from its out-of-band notice) asks for {} eager and {} rendezvous send(s) again; logical queue pairs now on {:?}",
+            self.c.where_(0),
+            resend.eager.len(),
+            resend.rdv.len(),
+            &self.map[..nq]
+        );
+        self.resend(resend)
+    }
+
+    /// Move queue pairs `mask` to ERR and wait (bounded) until each one's drain marker has
+    /// completed: every completion of theirs is then polled.
+    fn drain(&mut self, mask: u32) -> Result<()> {
+        let ln = self.c.ports.len();
+        for q in (0..self.qps.len()).filter(|&q| mask & (1 << q) != 0) {
+            let port = self.c.ports[member_of(q, ln)];
+            if let Err(e) = self.qps[q].to_err(port) {
+                return Err(self.c.die(e));
+            }
+            self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, (KIND_DRAIN << KIND_SHIFT) | q as u64, 0, 0, 0);
+            self.wrs[0].send_flags = IBV_SEND_SIGNALED;
+            if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
+                return Err(self.c.post_failed_on(member_of(q, ln), self.qps[q].qp().qpn(), "posting the drain marker", rc));
+            }
+        }
+        let mut wait = Drain::new(mask);
+        loop {
+            let moved = self.drained & mask != mask && self.progress()?;
+            if wait.done(&mut self.c, self.drained, moved)? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Post what the receiver did not get: the eager writes, in ring order, on part 0's queue
+    /// pair before any new one; the rendezvous parts, in order, as the send queues have room.
+    fn resend(&mut self, r: Resend) -> Result<()> {
+        for (slot, hdr_slot, hdr, req) in r.eager {
+            let deadline = Common::drain_deadline();
+            while self.book.room(self.map[0] as usize) < MAX_POST {
+                if std::time::Instant::now() > deadline {
+                    return Err(self.c.drain_timeout(0));
+                }
+                self.progress()?;
+            }
+            let copy = self.inline_copy.get(slot).filter(|c| c.0 > 0).map(|c| (c.0 as usize, c.1));
+            match (copy, req) {
+                (Some((len, bytes)), _) => {
+                    // Its bytes were in the work request, and are in the copy: inline again.
+                    let q = self.map[0] as usize;
+                    let remote = self.ring.addr + (slot * slot_bytes(self.ring.eager_max)) as u64;
+                    self.sges[0] = ibv_sge { addr: bytes.as_ptr() as u64, length: len as u32, lkey: 0 };
+                    self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, KIND_CTRL << KIND_SHIFT, remote, self.ring.rkeys[member_of(q, self.rem_members)], 1);
+                    self.wrs[0].__bindgen_anon_1.imm_data = Imm::Eager(slot as u32).encode().to_be();
+                    self.wrs[0].send_flags = IBV_SEND_INLINE;
+                    // Inline: the bytes are copied into the work request at post (`bytes` is ours).
+                    self.post(q, 1)?;
+                }
+                (None, Some(req)) => {
+                    // Not complete: its buffer is still lent to this send.
+                    let (data, lkeys, on_gpu) = self.local[req as usize];
+                    if self.post_eager(slot, hdr_slot, hdr, (data, lkeys), (KIND_SEND << KIND_SHIFT) | req as u64, on_gpu)? {
+                        self.eng.on_completion(req, 0);
+                    }
+                }
+                (None, None) => self.post_eager(slot, hdr_slot, hdr, (0, [0; MAX_MEMBERS]), KIND_CTRL << KIND_SHIFT, false).map(|_| ())?,
+            }
+        }
+        for req in r.rdv {
+            let ready = self.ready[req as usize];
+            if !self.deferred[..self.ndeferred].iter().any(|d| d.0 == req) {
+                self.deferred[self.ndeferred] = (req, ready);
+                self.ndeferred += 1;
+            }
+        }
+        self.post_deferred()
+    }
+
+    /// Whether every send queue in use has room for the largest post.
     fn room(&self) -> bool {
-        (0..self.qps.len()).all(|q| self.book.room(q) >= MAX_POST)
+        (0..self.qps.len()).all(|q| self.gone(q) || self.book.room(q) >= MAX_POST)
     }
 
     /// Post the deferred rendezvous bytes, oldest first, as far as the send queues have room.
@@ -359,7 +537,7 @@ impl VerbsSend {
 
     fn back_pressure(&mut self) -> Result<Option<u32>> {
         if !self.progress()? {
-            self.c.idle(self.eng.outstanding())?;
+            self.idle()?;
         }
         Ok(None)
     }
@@ -380,7 +558,7 @@ impl Conn for VerbsSend {
         if !self.can_post()? {
             // The send queues are full of work requests not yet known complete: not yet.
             self.c.waits += 1;
-            self.c.idle(self.eng.outstanding())?;
+            self.idle()?;
             return Ok(None);
         }
         self.read_credits();
@@ -396,12 +574,13 @@ impl Conn for VerbsSend {
             Err(e) => Err(self.c.proto(e)),
             Ok(SendPlan::Busy) => self.back_pressure(),
             Ok(SendPlan::Announce { ring_slot, hdr_slot, hdr }) => {
-                self.post_eager(ring_slot, hdr_slot, hdr, (0, 0), KIND_CTRL << KIND_SHIFT, false)?;
+                self.post_eager(ring_slot, hdr_slot, hdr, (0, [0; MAX_MEMBERS]), KIND_CTRL << KIND_SHIFT, false)?;
                 self.back_pressure()
             }
             Ok(SendPlan::Eager { req, ring_slot, hdr }) => {
                 let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
-                if self.post_eager(ring_slot, req as usize, hdr, (data.addr() as u64, lkeys[0]), wr_id, path_of(mr) == Path::Gdr)? {
+                self.local[req as usize] = (data.addr() as u64, lkeys, path_of(mr) == Path::Gdr);
+                if self.post_eager(ring_slot, req as usize, hdr, (data.addr() as u64, lkeys), wr_id, path_of(mr) == Path::Gdr)? {
                     // An inline send is complete once posted: its bytes are in the work request.
                     self.eng.on_completion(req, 0);
                 }
@@ -412,6 +591,7 @@ impl Conn for VerbsSend {
                 // entry < MAX_GROUP), an aligned u64 of our own memory.
                 unsafe { (self.sizes_out.ptr().add(target.sizes_off as usize) as *mut u64).write(size as u64) };
                 self.local[req as usize] = (data.addr() as u64, lkeys, path_of(mr) == Path::Gdr);
+                self.ready[req as usize] = ready;
                 self.post_rdv(req, ready)?;
                 Ok(Some(req as u32))
             }
@@ -422,6 +602,7 @@ impl Conn for VerbsSend {
         self.c.check()?;
         let req = slot as u16;
         if slot < SEND_REQS as u32 && self.eng.rdv_open(req) {
+            self.ready[req as usize] = self.ready[req as usize].max(ready);
             if let Some(d) = self.deferred[..self.ndeferred].iter_mut().find(|d| d.0 == req) {
                 d.1 = d.1.max(ready);
                 self.progress()?;
@@ -447,7 +628,7 @@ impl Conn for VerbsSend {
             return Ok(Some(1));
         }
         if !moved {
-            self.c.idle(self.eng.outstanding())?;
+            self.idle()?;
         }
         Ok(None)
     }
