@@ -148,6 +148,21 @@ pub const VARS: &[Var] = &[
         meaning: "1: when a queue pair or a member port of a fused device fails (port down, a retry-exceeded or flushed completion), its traffic moves to the comm's live queue pairs: what was in flight on it is sent again once the receiver has said, over the out-of-band socket, what arrived; nothing is lost or sent twice, and NCCL sees no error. The failed member is not used again by that comm (as net_ib without NCCL_IB_RESILIENCY_PORT_RECOVERY); a comm whose last queue pair fails returns an error. 0: a failed queue pair fails its comm. (net_ib's default is 0: its failover costs it pre-posted receives and matching by id; rivet's costs nothing until a failure.)",
     },
     Var {
+        name: "NCCL_IB_RESILIENCY_PORT_RECOVERY",
+        default: "0",
+        meaning: "1 (with failover on): a comm takes a failed queue pair back once its port is ACTIVE again, as net_ib's recovery does: NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY after the failure the receiver resets its side of it and asks the sender over the out-of-band socket, the sender resets its side if its own port is up, and traffic moves back to it (the eager messages and credit word stay where they are). 0 (net_ib's default): a failed member stays out of the comm.",
+    },
+    Var {
+        name: "NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY",
+        default: "200",
+        meaning: "Milliseconds (0-3600000) after a queue pair fails before its comm tries to take it back (net_ib's meaning).",
+    },
+    Var {
+        name: "NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX",
+        default: "5",
+        meaning: "Attempts (0-1000) to take a failed queue pair back, after which its comm gives up on it (net_ib's meaning).",
+    },
+    Var {
         name: "RIVET_IB_EAGER_MAX",
         default: "8192",
         meaning: "Largest message (bytes, 0-262144) the RDMA transport sends eagerly into the receiver's ring of registered buffers, without waiting for a clear-to-send; set on the receiving side (it sizes the ring: 8 slots).",
@@ -222,6 +237,9 @@ pub struct Config {
     pub ib_qps: usize,
     pub ib_merge_nics: bool,
     pub ib_failover: bool,
+    pub ib_recovery: bool,
+    pub ib_recovery_delay_ms: u64,
+    pub ib_recovery_attempts: u32,
     /// NCCL_IB_ADAPTIVE_ROUTING: None = auto (per link layer).
     pub ib_adaptive_routing: Option<bool>,
     pub ib_ar_threshold: usize,
@@ -395,6 +413,9 @@ impl Config {
             ib_qps: int_var(get, "NCCL_IB_QPS_PER_CONNECTION", 1, 16) as usize,
             ib_merge_nics: int_var(get, "NCCL_IB_MERGE_NICS", 0, 1) == 1,
             ib_failover: int_var(get, "NCCL_IB_RESILIENCY_PORT_FAILOVER", 0, 1) == 1,
+            ib_recovery: int_var(get, "NCCL_IB_RESILIENCY_PORT_RECOVERY", 0, 1) == 1,
+            ib_recovery_delay_ms: int_var(get, "NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY", 0, 3_600_000),
+            ib_recovery_attempts: int_var(get, "NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX", 0, 1000) as u32,
             // net_ib's -2 means its default for both.
             ib_adaptive_routing: opt_int_var(&|n| get(n).filter(|v| v.trim() != "-2"), "NCCL_IB_ADAPTIVE_ROUTING", 0, 1, "auto").map(|v| v == 1),
             ib_ar_threshold: int_var(&|n| get(n).filter(|v| v.trim() != "-2"), "NCCL_IB_AR_THRESHOLD", 0, 1 << 30) as usize,

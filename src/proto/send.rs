@@ -465,6 +465,25 @@ impl SendEngine {
         k
     }
 
+    /// The parts (logical queue pairs) of rendezvous sends in flight that have bytes posted but
+    /// not their completing write: such a part must finish on the queue pair it started on (its
+    /// immediate says its bytes before it on that queue pair have landed).
+    pub fn open_parts(&self) -> u32 {
+        let nq = self.nqps;
+        let mut m = 0u32;
+        for i in 0..SEND_REQS {
+            if !self.reqs[i].posted || self.rdv[i].target.size == 0 {
+                continue;
+            }
+            for q in 0..nq {
+                if self.rdv_posted[i * nq + q] > 0 && self.rdv[i].closed & (1 << q) == 0 {
+                    m |= 1 << q;
+                }
+            }
+        }
+        m
+    }
+
     /// A signaled write of request `req` completed (or an eager one went inline, complete at
     /// post): for a rendezvous send, the completing write of its part `part` (each counts once).
     pub fn on_completion(&mut self, req: u16, part: usize) {
@@ -481,16 +500,18 @@ impl SendEngine {
     }
 
     /// Queue pairs failed, and the receiver's account of what arrived says what was lost with
-    /// them. `dead` has a bit per part (logical queue pair) that went on a failed queue pair
-    /// (part 0 also carries the eager messages and the size words). Each such part of a
-    /// rendezvous send in flight is either complete (the receiver has it: counted done, whether
-    /// or not its completion came) or posted again from its first byte; eager writes the
-    /// receiver did not get are written again, in order. Nothing the receiver has is sent twice,
-    /// so a buffer it completed and reused is never written again.
-    pub fn fail_over(&mut self, dead: u32, r: &Resync) -> Result<Resend, ProtoError> {
+    /// them. `eager_lost`: the eager messages went on a failed queue pair (they all go on one,
+    /// logical queue pair 0's); `lost(req, q)`: part `q` of rendezvous send `req` went on one
+    /// (the shell knows where each part went: a logical queue pair may have moved since an
+    /// earlier part of it was posted). Each such part of a rendezvous send in flight is either
+    /// complete (the receiver has it: counted done, whether or not its completion came) or
+    /// posted again from its first byte; eager writes the receiver did not get are written
+    /// again, in order. Nothing the receiver has is sent twice, so a buffer it completed and
+    /// reused is never written again.
+    pub fn fail_over(&mut self, eager_lost: bool, lost: impl Fn(u16, usize) -> bool, r: &Resync) -> Result<Resend, ProtoError> {
         let mut out = Resend::default();
         let slots = self.ring.slots as u64;
-        if dead & 1 != 0 {
+        if eager_lost {
             // Part 0's queue pair carried the eager messages: those the receiver did not get
             // are written again, in order, and those it got are done, however their
             // completions fared.
@@ -543,7 +564,7 @@ impl SendEngine {
                 Some(_) => 0,
             };
             let mut again = false;
-            for q in (0..nq).filter(|&q| dead & (1 << q) != 0) {
+            for q in (0..nq).filter(|&q| lost(i as u16, q)) {
                 let bit = 1u32 << q;
                 if got & (1 << q) != 0 {
                     // The receiver has it: done, however its completion fared.
@@ -614,6 +635,20 @@ mod tests {
             assert_eq!(closes, want, "{nqps} QP(s), {size} bytes");
             assert!(!e.rdv_has_new(req, size), "nothing left to post");
         }
+    }
+
+    #[test]
+    fn a_part_with_bytes_posted_and_no_immediate_yet_is_open() {
+        let mut e = SendEngine::new(2, RingSpec { slots: 8, eager_max: 4096 }, Origin::default());
+        assert!(e.on_cts(&[Cts::new(0x1000, 1 << 20, 7, 0, 1, 0, 1)]).unwrap());
+        let Ok(SendPlan::Rdv { req, .. }) = e.post(100_000, 0, 0) else { panic!("not a rendezvous send") };
+        let mut steps = [RdvStep { q: 0, data: None, close: None }; MAX_QPS];
+        assert_eq!(e.open_parts(), 0, "nothing posted yet");
+        // A staged send's first 60,000 bytes: part 0 (50,048 bytes) complete, part 1 begun.
+        e.rdv_steps(req, 60_000, &mut steps);
+        assert_eq!(e.open_parts(), 0b10, "part 1 has bytes on its queue pair and no immediate");
+        e.rdv_steps(req, 100_000, &mut steps);
+        assert_eq!(e.open_parts(), 0, "every part closed");
     }
 
     #[test]

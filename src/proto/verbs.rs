@@ -261,6 +261,9 @@ pub const MAX_NOTICE: usize = NOTICE_SIZE + MAX_RESYNC_RECVS * layout::failover:
 const KIND_MISMATCH: u32 = 1;
 const KIND_FAIL: u32 = 2;
 const KIND_RESYNC: u32 = 3;
+const KIND_RECOVER: u32 = 4;
+const KIND_RECOVERED: u32 = 5;
+const KIND_NOT_RECOVERED: u32 = 6;
 
 /// What a receive has got of the rendezvous parts of each of its buffers, in a [`Resync`]: bit
 /// `q` of `parts[e]` is part `q` of buffer `e` (every bit, once the buffer is complete).
@@ -289,6 +292,29 @@ pub struct Resync {
     pub recvs: Vec<ResyncRecv>,
 }
 
+/// The map after the dead set changed, from the map `cur`: a logical queue pair whose queue pair
+/// lives stays on it (moving one whose traffic is under way could let a later write overtake an
+/// earlier one), and one whose queue pair died goes to the next live one ([`remap`]). `back`
+/// (a failed queue pair was taken back): logical queue pairs 1.. go home to their own queue pair
+/// if it lives; logical 0 stays where it is, because its eager messages and credit words must
+/// arrive in order on one queue pair.
+pub fn remap_keeping(dead: u32, nqps: usize, cur: &[u8; MAX_QPS], back: bool) -> Option<[u8; MAX_QPS]> {
+    let fresh = remap(dead, nqps)?;
+    let live = |p: usize| dead & (1 << p) == 0;
+    let mut map = fresh;
+    for q in 0..nqps.clamp(1, MAX_QPS) {
+        let c = cur[q] as usize;
+        map[q] = if back && q != 0 && live(q) {
+            q as u8
+        } else if c < MAX_QPS && live(c) {
+            c as u8
+        } else {
+            fresh[q]
+        };
+    }
+    Some(map)
+}
+
 /// Which queue pair carries each logical one's traffic once the queue pairs in `dead` failed:
 /// itself while it lives, else the next live one after it (as net_ib replaces a failed queue
 /// pair). Both sides compute it from the same set. None if every one is dead.
@@ -309,6 +335,12 @@ pub enum Notice {
     /// The sender found these queue pairs dead (bit q: queue pair q).
     Fail { dead: u32 },
     Resync(Resync),
+    /// Failover recovery: the receiver has reset its side of these failed queue pairs and can
+    /// receive on them again; the sender answers with `Recovered` (it reset its side and sends
+    /// on them again) and `NotRecovered` (its port is not up yet) for each.
+    Recover { qps: u32 },
+    Recovered { qps: u32 },
+    NotRecovered { qps: u32 },
 }
 
 impl Notice {
@@ -317,11 +349,17 @@ impl Notice {
         use layout::notice::{KIND, MAGIC};
         match self {
             Notice::Mismatch(m) => m.encode().to_vec(),
-            Notice::Fail { dead } => {
+            Notice::Fail { dead: m } | Notice::Recover { qps: m } | Notice::Recovered { qps: m } | Notice::NotRecovered { qps: m } => {
+                let kind = match self {
+                    Notice::Fail { .. } => KIND_FAIL,
+                    Notice::Recover { .. } => KIND_RECOVER,
+                    Notice::Recovered { .. } => KIND_RECOVERED,
+                    _ => KIND_NOT_RECOVERED,
+                };
                 let mut b = vec![0u8; NOTICE_SIZE];
                 put_u32(&mut b, MAGIC, NOTICE_MAGIC);
-                put_u32(&mut b, KIND, KIND_FAIL);
-                put_u32(&mut b, DEAD, *dead);
+                put_u32(&mut b, KIND, kind);
+                put_u32(&mut b, DEAD, *m);
                 b
             }
             Notice::Resync(r) => {
@@ -365,6 +403,9 @@ impl Notice {
                 Ok(Some((Notice::Mismatch(m), NOTICE_SIZE)))
             }
             KIND_FAIL => Ok(Some((Notice::Fail { dead: get_u32(b, DEAD) }, NOTICE_SIZE))),
+            KIND_RECOVER => Ok(Some((Notice::Recover { qps: get_u32(b, DEAD) }, NOTICE_SIZE))),
+            KIND_RECOVERED => Ok(Some((Notice::Recovered { qps: get_u32(b, DEAD) }, NOTICE_SIZE))),
+            KIND_NOT_RECOVERED => Ok(Some((Notice::NotRecovered { qps: get_u32(b, DEAD) }, NOTICE_SIZE))),
             KIND_RESYNC => {
                 let n = get_u32(b, COUNT) as usize;
                 if n > MAX_RESYNC_RECVS {
@@ -637,7 +678,14 @@ mod tests {
             cts_end: 99,
             recvs: vec![ResyncRecv { cts: 77, n: 2, parts: [0b01, 0xffff, 0, 0, 0, 0, 0, 0] }, ResyncRecv { cts: u64::MAX - 1, n: 8, parts: [3; 8] }],
         };
-        for n in [Notice::Fail { dead: 0b100 }, Notice::Resync(r), Notice::Mismatch(Mismatch { send_size: 9, recv_size: 8, tag: 1 })] {
+        for n in [
+            Notice::Fail { dead: 0b100 },
+            Notice::Resync(r),
+            Notice::Mismatch(Mismatch { send_size: 9, recv_size: 8, tag: 1 }),
+            Notice::Recover { qps: 3 },
+            Notice::Recovered { qps: 1 },
+            Notice::NotRecovered { qps: 2 },
+        ] {
             let mut b = n.encode();
             let len = b.len();
             assert_eq!(Notice::decode(&b[..len - 1]), Ok(None), "{n:?}: a notice not all here is not read");
@@ -658,6 +706,12 @@ mod tests {
         assert_eq!(remap(0b1011, 4).unwrap()[..4], [2, 2, 2, 2]);
         assert_eq!(remap(0b0110, 4).unwrap()[..4], [0, 3, 3, 3]);
         assert_eq!(remap(0b11, 2), None, "none left");
+        let cur = |v: &[u8]| -> [u8; MAX_QPS] { std::array::from_fn(|i| v.get(i).copied().unwrap_or(0)) };
+        assert_eq!(remap_keeping(0, 2, &cur(&[1, 1]), true).unwrap()[..2], [1, 1], "taken back: logical 0 stays where it went");
+        assert_eq!(remap_keeping(0b10, 2, &cur(&[1, 1]), false).unwrap()[..2], [0, 0], "unless that one failed");
+        assert_eq!(remap_keeping(0, 3, &cur(&[2, 2, 2]), true).unwrap()[..3], [2, 1, 2], "the others go home");
+        assert_eq!(remap_keeping(0b001, 3, &cur(&[1, 1, 2]), false).unwrap()[..3], [1, 1, 2]);
+        assert_eq!(remap_keeping(0b100, 3, &cur(&[0, 2, 2]), false).unwrap()[..3], [0, 1, 0], "a live one stays put, a dead one moves");
     }
 
     #[test]

@@ -31,6 +31,10 @@ pub(crate) struct Send {
     /// The bytes of each ring slot's last eager write that went inline (complete when posted:
     /// the application may reuse its buffer), to write again if it is lost.
     pub(crate) inline_copy: Vec<Option<Vec<u8>>>,
+    /// Logical queue pairs wait to move back to a queue pair taken back.
+    pub(crate) switching: bool,
+    /// The queue pair each part of each request slot's rendezvous send was posted on.
+    pub(crate) part_qp: Vec<[u8; MAX_QPS]>,
 }
 
 pub(crate) struct Recv {
@@ -47,12 +51,16 @@ pub(crate) struct Recv {
     pub(crate) map: [u8; MAX_QPS],
     /// Queue pairs found dead (and accounted for in a resync sent).
     pub(crate) qdead: u32,
+    /// Recovery: queue pairs reset here, the sender asked to take them back.
+    pub(crate) recovering: u32,
 }
 
 thread_local! {
     /// Failovers that sent something again, on this thread (the tests check that the path is
     /// exercised).
     pub(crate) static RESENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Queue pairs taken back by recovery, on this thread.
+    pub(crate) static RECOVERED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// A notice's trip over the out-of-band socket: a few hundred steps.
@@ -140,6 +148,7 @@ impl Send {
             // The completion names the part (as the shell's work request id does).
             let sig = Some(req | (s.q as u16) << 12);
             let pq = self.map[s.q] as usize;
+            self.part_qp[req as usize][s.q] = pq as u8;
             match (s.data, s.close) {
                 (Some((off, len)), Some(Close::OnData)) => {
                     sim.post(false, pq, (Mem::Arena, dst + off), vec![Src::SendArena { off: data + off, len }], close_imm, sig)
@@ -162,6 +171,9 @@ impl Send {
         for _ in 0..16 {
             let Some(id) = sim.send_cq.pop_front() else { break };
             self.eng.on_completion(id & 0xfff, (id >> 12) as usize);
+        }
+        if self.switching {
+            self.switch_back(sim);
         }
     }
 
@@ -243,6 +255,9 @@ impl Send {
         if mask & !self.qdead == 0 {
             return;
         }
+        // In ERR from now on: nothing more goes out on them or arrives through them (a live one
+        // found failed late, after it was taken back, dies here).
+        sim.err(false, mask & !self.qdead);
         self.qdead |= mask;
         let at = oob_delay(sim);
         sim.to_recv.push_back((at, Notice::Fail { dead: self.qdead }));
@@ -262,8 +277,9 @@ impl Send {
             self.progress(sim);
         }
         let nq = sim.cfg.nqps;
+        let part_qp = &self.part_qp;
+        let resend = self.eng.fail_over(new & (1 << self.map[0]) != 0, |req, q| new & (1 << part_qp[req as usize][q]) != 0, r)?;
         let parts = (0..nq).filter(|&q| new & (1 << self.map[q]) != 0).fold(0u32, |m, q| m | 1 << q);
-        let resend = self.eng.fail_over(parts, r)?;
         if std::env::var("RIVET_SIM_TRACE").is_ok() {
             eprintln!("step {}: sender fails over parts {parts:#b}: {resend:?}", sim.steps);
         }
@@ -271,7 +287,7 @@ impl Send {
             RESENT.with(|c| c.set(c.get() + 1));
         }
         self.synced |= r.dead;
-        self.map = remap(self.synced, nq).expect("a queue pair lives");
+        self.map = remap_keeping(self.synced, nq, &self.map, false).expect("a queue pair lives");
         for (slot, _, hdr, req) in resend.eager {
             match (&self.inline_copy[slot], req) {
                 (Some(b), _) => {
@@ -292,6 +308,44 @@ impl Send {
             self.post_rdv(sim, req, ready);
         }
         Ok(())
+    }
+
+    /// Recovery: the receiver has reset its side of queue pairs `qps`; those this side failed
+    /// over are reset here too (the member is back), and their logical queue pairs move home
+    /// once none of their parts is half posted where they are.
+    pub(crate) fn on_recover(&mut self, sim: &mut Sim, qps: u32) {
+        let ok = qps & self.synced & self.qdead;
+        if std::env::var("RIVET_SIM_TRACE").is_ok() {
+            eprintln!("step {}: sender takes back {ok:#b} of {qps:#b} (synced {:#b}, map {:?})", sim.steps, self.synced, &self.map[..sim.cfg.nqps]);
+        }
+        if ok != 0 {
+            RECOVERED.with(|c| c.set(c.get() + 1));
+        }
+        sim.revive(false, ok);
+        self.synced &= !ok;
+        self.qdead &= !ok;
+        self.switch_back(sim);
+        let at = oob_delay(sim);
+        sim.to_recv.push_back((at, Notice::Recovered { qps: ok }));
+        if qps & !ok != 0 {
+            sim.to_recv.push_back((at, Notice::NotRecovered { qps: qps & !ok }));
+        }
+    }
+
+    pub(crate) fn switch_back(&mut self, sim: &Sim) {
+        let nq = sim.cfg.nqps;
+        let want = remap_keeping(self.synced, nq, &self.map, true).expect("a queue pair lives");
+        let open = self.eng.open_parts();
+        self.switching = false;
+        for (q, &w) in want.iter().enumerate().take(nq) {
+            if self.map[q] != w {
+                if open & (1 << q) == 0 {
+                    self.map[q] = w;
+                } else {
+                    self.switching = true;
+                }
+            }
+        }
     }
 
     /// NCCL's test on one request in flight (and the staging engine's copy moving on).
@@ -399,6 +453,39 @@ impl Recv {
         sim.post(true, self.map[p.q] as usize, (Mem::Fifo, p.slot * MAX_GROUP * 32), vec![Src::Inline(bytes)], None, None);
     }
 
+    /// Recovery, first half: the port of queue pairs `qps` is up again; those failed over are
+    /// reset here and the sender is asked to take them back.
+    pub(crate) fn ask_back(&mut self, sim: &mut Sim, qps: u32) {
+        let m = qps & self.qdead & !self.recovering;
+        if m != 0 {
+            if std::env::var("RIVET_SIM_TRACE").is_ok() {
+                eprintln!("step {}: receiver asks back {m:#b}", sim.steps);
+            }
+            // Reset here (RTR): they can receive again, and may fail again, from now on.
+            sim.revive(true, m);
+            self.qdead &= !m;
+            self.recovering |= m;
+            let at = oob_delay(sim);
+            sim.to_send.push_back((at, Notice::Recover { qps: m }));
+        }
+    }
+
+    /// Recovery, second half: the sender's answer.
+    pub(crate) fn on_recovered(&mut self, sim: &mut Sim, qps: u32, yes: bool) {
+        let m = qps & self.recovering;
+        self.recovering &= !m;
+        if std::env::var("RIVET_SIM_TRACE").is_ok() {
+            eprintln!("step {}: receiver hears {} for {m:#b}", sim.steps, if yes { "Recovered" } else { "NotRecovered" });
+        }
+        if yes {
+            self.map = remap_keeping(self.qdead, sim.cfg.nqps, &self.map, true).expect("a queue pair lives");
+        } else {
+            // Back to ERR: the sender never sent on them again.
+            sim.err(true, m);
+            self.qdead |= m;
+        }
+    }
+
     /// Queue pairs found dead (by this side, or in the sender's notice): once every completion
     /// they will give is in, the account goes to the sender, and the clear-to-send groups and
     /// the credit word that may have been lost with them are written again on live ones.
@@ -406,6 +493,8 @@ impl Recv {
         if mask & !self.qdead == 0 {
             return Ok(());
         }
+        // In ERR from now on (as the sender's side).
+        sim.err(true, mask & !self.qdead);
         self.qdead |= mask;
         // Drained: every completion of the dead queue pairs is in.
         while !sim.recv_cq.is_empty() || !sim.ctrl_cq.is_empty() {
@@ -417,7 +506,8 @@ impl Recv {
         }
         let at = oob_delay(sim);
         sim.to_send.push_back((at, Notice::Resync(r)));
-        self.map = remap(self.qdead, sim.cfg.nqps).expect("a queue pair lives");
+        self.recovering &= !mask;
+        self.map = remap_keeping(self.qdead, sim.cfg.nqps, &self.map, false).expect("a queue pair lives");
         for (_, p) in self.eng.cts_outstanding() {
             self.post_cts(sim, &p);
         }

@@ -79,6 +79,9 @@ pub(crate) struct MemberFail {
     pub(crate) qps: u32,
     pub(crate) recv_sees: Option<u64>,
     pub(crate) send_sees: Option<u64>,
+    /// Recovery: this many steps after the failure the port is up again, and the receiver asks
+    /// the sender to take its queue pairs back (if it has failed them over by then).
+    pub(crate) back: Option<u64>,
 }
 
 /// Up to `nqps - 1` member failures (at least one queue pair lives), each seen by one side or
@@ -116,7 +119,8 @@ pub(crate) fn member_failures(r: &mut Rng, nqps: usize, steps: usize) -> Vec<Mem
                 std::mem::swap(&mut recv_sees, &mut send_sees);
             }
         }
-        out.push(MemberFail { at, qps, recv_sees, send_sees });
+        let back = r.chance(40).then(|| 1000 + r.below(5000) as u64);
+        out.push(MemberFail { at, qps, recv_sees, send_sees, back });
     }
     out
 }
@@ -269,8 +273,10 @@ pub(crate) struct Sim {
     pub(crate) ctrl_cq: VecDeque<u16>,
     pub(crate) slot_bytes: usize,
     pub(crate) steps: u64,
-    /// Queue pairs whose member failed: nothing posted on them lands.
-    pub(crate) dead: u32,
+    /// Queue pairs in ERR on the receiver's side and on the sender's (a member failed, or the
+    /// side moved them there itself): nothing posted on one that either side has in ERR lands.
+    pub(crate) recv_err: u32,
+    pub(crate) send_err: u32,
     /// The out-of-band socket each way: (step it arrives, notice).
     pub(crate) to_recv: VecDeque<(u64, Notice)>,
     pub(crate) to_send: VecDeque<(u64, Notice)>,
@@ -318,19 +324,43 @@ impl Sim {
         if pieces.is_empty() {
             pieces.push((0, 0));
         }
-        if self.dead & (1 << q) != 0 {
-            return; // its member failed: flushed, never on the wire
+        if self.down() & (1 << q) != 0 {
+            return; // in ERR on one side: flushed, or dropped at the other
         }
         let op = Op { mem, off, src, imm, signal, len, pieces, in_order: ctrl && self.cfg.ar.is_none(), stuck: false };
         let qps = if ctrl { &mut self.ctrl_qps } else { &mut self.data_qps };
         qps[q].ops.push_back(op);
     }
 
-    /// The member carrying queue pairs `mask` fails, in both directions. On each, a prefix of what
-    /// was posted was on the wire and lands (with its receive completions); the next message
-    /// lands in part, without a completion; the rest never leaves. The acknowledgements of the
-    /// last of those that landed may be lost: the poster never sees their completions.
+    /// Queue pairs that carry nothing now.
+    pub(crate) fn down(&self) -> u32 {
+        self.recv_err | self.send_err
+    }
+
+    /// The member carrying queue pairs `mask` fails: both sides' ends stop.
     pub(crate) fn kill(&mut self, mask: u32) {
+        self.stop(mask);
+        self.recv_err |= mask;
+        self.send_err |= mask;
+    }
+
+    /// One side moves queue pairs `mask` to ERR itself (it found them failed, perhaps late).
+    pub(crate) fn err(&mut self, recv_side: bool, mask: u32) {
+        self.stop(mask);
+        if recv_side {
+            self.recv_err |= mask;
+        } else {
+            self.send_err |= mask;
+        }
+    }
+
+    /// Queue pairs `mask` stop carrying traffic, in both directions. On each that still did, a
+    /// prefix of what was posted was on the wire and lands (with its receive completions); the
+    /// next message lands in part, without a completion; the rest never leaves. The
+    /// acknowledgements of the last of those that landed may be lost: the poster never sees
+    /// their completions.
+    fn stop(&mut self, mask: u32) {
+        let mask = mask & !self.down();
         for q in (0..self.data_qps.len()).filter(|q| mask & (1 << q) != 0) {
             for ctrl in [false, true] {
                 let qp = if ctrl { &mut self.ctrl_qps[q] } else { &mut self.data_qps[q] };
@@ -362,7 +392,16 @@ impl Sim {
                 }
             }
         }
-        self.dead |= mask;
+    }
+
+    /// One side resets queue pairs `mask` (taking them back): once both have, they carry
+    /// traffic again.
+    pub(crate) fn revive(&mut self, recv_side: bool, mask: u32) {
+        if recv_side {
+            self.recv_err &= !mask;
+        } else {
+            self.send_err &= !mask;
+        }
     }
 
     /// Place one piece somewhere in the network; false when nothing is in flight.

@@ -119,21 +119,24 @@ second_pair() {
   return 1
 }
 
-# wire2_up: bring the second wire back after a test took veth2 down (a link that goes down loses
-# its routes): the routes and neighbours again, then until rxe2 and rxe3 are ACTIVE (10 s).
-wire2_up() {
+# wire_up N: bring wire N back after a test took it down (a link that goes down loses its
+# routes): wire 0 is veth0 10.0.0.1 <-> veth1 10.0.0.2 (/init's, rxe0/rxe1), wire 1 is veth2
+# 10.0.1.1 <-> veth3 10.0.1.2 (second_pair's, rxe2/rxe3). The links, routes and neighbours
+# again, then until both rxe ports are ACTIVE (10 s).
+wire_up() {
   _ip=/usr/bin/ip
-  $_ip link set veth2 up
-  $_ip link set veth3 up
-  $_ip route replace 10.0.1.2 dev veth2 src 10.0.1.1 table 102
-  $_ip route replace 10.0.1.1 dev veth3 src 10.0.1.2 table 103
-  $_ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev veth2 nud permanent
-  $_ip neigh replace 10.0.1.1 lladdr 02:00:00:00:01:01 dev veth3 nud permanent
+  _a=$((2 * $1)); _b=$((2 * $1 + 1))
+  $_ip link set veth$_a up
+  $_ip link set veth$_b up
+  $_ip route replace 10.0.$1.2 dev veth$_a src 10.0.$1.1 table $((100 + _a))
+  $_ip route replace 10.0.$1.1 dev veth$_b src 10.0.$1.2 table $((100 + _b))
+  $_ip neigh replace 10.0.$1.2 lladdr 02:00:00:00:0$1:02 dev veth$_a nud permanent
+  $_ip neigh replace 10.0.$1.1 lladdr 02:00:00:00:0$1:01 dev veth$_b nud permanent
   _n=0
   while [ $_n -lt 100 ]; do
-    read -r _s2 < /sys/class/infiniband/rxe2/ports/1/state
-    read -r _s3 < /sys/class/infiniband/rxe3/ports/1/state
-    case "$_s2$_s3" in *ACTIVE*ACTIVE*) return 0 ;; esac
+    read -r _sa < /sys/class/infiniband/rxe$_a/ports/1/state
+    read -r _sb < /sys/class/infiniband/rxe$_b/ports/1/state
+    case "$_sa$_sb" in *ACTIVE*ACTIVE*) return 0 ;; esac
     sleep 0.1; _n=$((_n + 1))
   done
   return 1

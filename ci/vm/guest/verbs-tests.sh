@@ -153,7 +153,7 @@ failover() {  # failover down|loss [ENV...]
   _stuck=0; kill -0 $_p 2>/dev/null && { _stuck=1; kill -9 $_p; }
   wait $_p; _rc=$?
   /usr/bin/tc qdisc del dev veth2 root 2>/dev/null
-  . /mnt/host/lib.sh && wire2_up || { echo "the second wire did not come back"; return 1; }
+  . /mnt/host/lib.sh && wire_up 1 || { echo "the second wire did not come back"; return 1; }
   grep -E "^# soak|WARN.*(rxe[23]|fail)|failed over|drain" /tmp/fo.log | cut -c1-400 | head -40
   [ $_stuck = 0 ] || { echo "rivet soak still running 2 min after the member failed"; cat /tmp/fo.log; return 1; }
   [ $_rc = 0 ] || { echo "rivet soak failed (rc $_rc)"; cat /tmp/fo.log; return 1; }
@@ -170,6 +170,54 @@ failover() {  # failover down|loss [ENV...]
 step fused-failover failover down
 step fused-failover-ar failover down NCCL_IB_ADAPTIVE_ROUTING=1
 step fused-failover-loss failover loss
+# Recovery (NCCL_IB_RESILIENCY_PORT_RECOVERY=1): veth2 goes down 15 s into the soak and comes back
+# 10 s later. Every comm must fail over, then take the member back (the receiver resets its side
+# and asks, the sender resets its side and answers), both ranks must pass their checksums, and
+# each bulk sender must have sent more on rxe2/rxe3 by the end than when it took it back
+# (RIVET_STATS' bytes per member at close against the take-back line's).
+recovery() {
+  env RIVET_TIMEOUT=30 NCCL_DEBUG=INFO RIVET_STATS=1 NCCL_IB_RESILIENCY_PORT_RECOVERY=1 NCCL_IB_TIMEOUT=16 NCCL_IB_RETRY_CNT=3 \
+    ./rivet soak --lib $LIB --dev 0+2,1+3 --minutes 1 --max-size 4M --buffers host > /tmp/rc.log 2>&1 &
+  _p=$!
+  sleep 15
+  /usr/bin/ip link set veth2 down
+  sleep 10
+  . /mnt/host/lib.sh && wire_up 1 || { echo "the second wire did not come back"; kill -9 $_p; return 1; }
+  _i=0; while kill -0 $_p 2>/dev/null && [ $_i -lt 240 ]; do sleep 0.5; _i=$((_i + 1)); done
+  _stuck=0; kill -0 $_p 2>/dev/null && { _stuck=1; kill -9 $_p; }
+  wait $_p; _rc=$?
+  grep -E "^# soak|WARN|failed over|took back|bytes sent per member" /tmp/rc.log | cut -c1-400 | head -40
+  [ $_stuck = 0 ] || { echo "rivet soak still running 2 min after the member came back"; cat /tmp/rc.log; return 1; }
+  [ $_rc = 0 ] || { echo "rivet soak failed (rc $_rc)"; cat /tmp/rc.log; return 1; }
+  [ "$(grep -c 'wrong bytes.*: PASS' /tmp/rc.log)" = 2 ] || { echo "not both ranks passed the checksums"; return 1; }
+  [ "$(grep -c 'told the sender what arrived' /tmp/rc.log)" = 2 ] || { echo "not both receivers failed over"; return 1; }
+  [ "$(grep -c 'took back queue pair' /tmp/rc.log)" = 4 ] || { echo "not every comm took the member back"; return 1; }
+  awk '/took back queue pair.*bytes sent per member so far/ { match($0, /\(peer [^)]*\)/); p = substr($0, RSTART, RLENGTH); n = split($0, a, /rxe[23]:1 /); split(a[n], b, /[^0-9]/); at[p] = b[1] }
+       /stats .*bytes sent per member:/ { match($0, /\(peer [^)]*\)/); p = substr($0, RSTART, RLENGTH); n = split($0, a, /rxe[23]:1 /); split(a[n], b, /[^0-9]/); end[p] = b[1] }
+       END { ok = 0; for (p in at) { print "# sender " p ": on its second member " at[p] " bytes when taken back, " end[p] " at close"; if (end[p] + 0 > at[p] + 0) ok++ } exit ok == 2 ? 0 : 1 }' /tmp/rc.log \
+    || { echo "a sender did not use its second member again after taking it back"; return 1; }
+}
+step fused-recovery recovery
+# The last member fails too: veth2 goes down (the comm fails over to rxe0/rxe1), then veth0. The
+# run must fail within a bound (no hang), with an error that says no member is left. Then both
+# wires come back.
+lastmember() {
+  NCCL_IB_TIMEOUT=16 NCCL_IB_RETRY_CNT=3 ./rivet perf --lib $LIB --dev 0+2,1+3 --sizes 16M --bytes 4G --lat-iters 10 > /tmp/lm.log 2>&1 &
+  _p=$!
+  sleep 4
+  /usr/bin/ip link set veth2 down
+  sleep 4
+  /usr/bin/ip link set veth0 down
+  _i=0; while kill -0 $_p 2>/dev/null && [ $_i -lt 120 ]; do sleep 0.5; _i=$((_i + 1)); done
+  _stuck=0; kill -0 $_p 2>/dev/null && { _stuck=1; kill -9 $_p; }
+  wait $_p; _rc=$?
+  . /mnt/host/lib.sh && wire_up 0 && wire_up 1 || { echo "the wires did not come back"; return 1; }
+  grep -E "WARN" /tmp/lm.log | cut -c1-300 | head -20
+  [ $_stuck = 0 ] || { echo "rivet perf still running 60 s after its last member failed"; cat /tmp/lm.log; return 1; }
+  [ $_rc != 0 ] || { echo "rivet perf succeeded with both members down"; cat /tmp/lm.log; return 1; }
+  grep -q "no member is left" /tmp/lm.log || { echo "no error says no member is left"; cat /tmp/lm.log; return 1; }
+}
+step fused-last-member lastmember
 # Last, because it takes the wire down: the link fails mid-transfer. rivet perf must fail within
 # a bounded time (no hang), and the WARNs must say the port went down (the PORT_ERR asynchronous
 # event, or the port's state when the event has not arrived yet).

@@ -212,6 +212,13 @@ impl SqBook {
         }
     }
 
+    /// Queue pair `q` was reset (taken back after a failover): its queue is empty.
+    pub(super) fn reset(&mut self, q: usize) {
+        self.posted[q] = 0;
+        self.retired[q] = 0;
+        self.unsignaled[q] = 0;
+    }
+
     /// A successful signaled completion with this id: the work requests up to it are done.
     pub(super) fn retire(&mut self, wr_id: u64) {
         let q = ((wr_id >> QP_SHIFT) & 0xff) as usize;
@@ -298,6 +305,17 @@ pub struct Common {
     pub(super) peer_dead: u32,
     /// Sender: the receiver's latest account of what arrived, not yet applied.
     pub(super) resync: Option<Resync>,
+    /// How each data queue pair was connected (to take a failed one back).
+    pub(super) links: Vec<super::res::Link>,
+    /// Recovery (NCCL_IB_RESILIENCY_PORT_RECOVERY): when each data queue pair was failed over
+    /// (coarse ms) and how often taking it back was tried.
+    pub(super) failed_at: [u64; crate::proto::verbs::MAX_QPS],
+    pub(super) attempts: [u32; crate::proto::verbs::MAX_QPS],
+    /// Recovery notices not yet acted on: the receiver's asks (at a sender), the sender's
+    /// answers (at a receiver).
+    pub(super) recover_asked: u32,
+    pub(super) recovered: u32,
+    pub(super) not_recovered: u32,
     /// Failed completions seen per data queue pair (reported when it is drained).
     pub(super) flushed: [u32; crate::proto::verbs::MAX_QPS],
     /// Bytes of the out-of-band socket not yet a whole notice, and a mismatch it brought.
@@ -377,6 +395,12 @@ impl Common {
             causes: Vec::new(),
             peer_dead: 0,
             resync: None,
+            links: Vec::new(),
+            failed_at: [0; crate::proto::verbs::MAX_QPS],
+            attempts: [0; crate::proto::verbs::MAX_QPS],
+            recover_asked: 0,
+            recovered: 0,
+            not_recovered: 0,
             flushed: [0; crate::proto::verbs::MAX_QPS],
             inbox: Vec::new(),
             mismatch: None,
@@ -464,8 +488,23 @@ impl Common {
             // because its port is down (Soft-RoCE's way to report it). Any other error is a bug
             // of one side.
             let port = self.ports.get(m).copied().unwrap_or(self.port);
-            let link_down = || port.dev.port_down(port.port) || port.dev.port_state(port.port).is_some_and(|s| s != "ACTIVE");
-            let recoverable = matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_WR_FLUSH_ERR) || (wc.status == IBV_WC_LOC_QP_OP_ERR && link_down());
+            let link_down = || {
+                port.dev.poll_events();
+                port.dev.port_down(port.port) || port.dev.port_state(port.port).is_some_and(|s| s != "ACTIVE")
+            };
+            let recoverable = matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_WR_FLUSH_ERR)
+                || (self.failover && wc.status == IBV_WC_LOC_QP_OP_ERR && {
+                    // Soft-RoCE fails a send this way as soon as its netdev is down, which the
+                    // port's state and PORT_ERR event may show a moment later: look for a while
+                    // (bounded, on this error path only).
+                    let deadline = Instant::now() + CAUSE_WAIT;
+                    let mut down = link_down();
+                    while !down && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(10));
+                        down = link_down();
+                    }
+                    down
+                });
             if let (true, true, Some(q)) = (self.failover, recoverable, at) {
                 let e = self.wc_error(&wc, m, false);
                 if q < self.ndata {
@@ -524,9 +563,54 @@ impl Common {
     }
 
     /// Whether a failover is due: queue pairs found failed, the peer naming dead ones, or (on a
-    /// sender) the receiver's account.
+    /// sender) the receiver's account; or a recovery notice to act on.
     pub(super) fn failover_due(&self) -> bool {
-        self.failed != 0 || self.peer_dead & !self.qdead != 0 || self.resync.is_some()
+        self.failed != 0 || self.peer_dead & !self.qdead != 0 || self.resync.is_some() || self.recover_asked | self.recovered | self.not_recovered != 0
+    }
+
+    /// Queue pairs `mask` are failed over (in ERR, drained): recovery may take them back later.
+    pub(super) fn failed_over(&mut self, mask: u32) {
+        let now = crate::sys::clock::coarse_ms();
+        self.qdead |= mask;
+        self.failed &= !mask;
+        for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
+            self.failed_at[q] = now;
+        }
+    }
+
+    /// Queue pairs `mask` are taken back (both sides reset and reconnected them).
+    pub(super) fn taken_back(&mut self, mask: u32) {
+        self.qdead &= !mask;
+        self.failed &= !mask;
+        self.peer_dead &= !mask;
+        for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
+            self.flushed[q] = 0;
+        }
+    }
+
+    /// Whether data queue pair `q`'s port is up (ACTIVE, and no PORT_ERR since its PORT_ACTIVE).
+    pub(super) fn port_up(&self, q: usize) -> bool {
+        let p = self.ports.get(self.qp_member[q] as usize).copied().unwrap_or(self.port);
+        !p.dev.port_down(p.port) && p.dev.port_state(p.port) == Some("ACTIVE")
+    }
+
+    /// The failed-over queue pairs recovery may try to take back now: recovery on, their port up
+    /// again, NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY since they failed (or since the last
+    /// attempt), fewer than NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX attempts.
+    pub(super) fn recoverable_now(&self) -> u32 {
+        let cfg = crate::config::get();
+        if !cfg.ib_recovery || self.qdead == 0 || self.dead.is_some() {
+            return 0;
+        }
+        let now = crate::sys::clock::coarse_ms();
+        (0..self.ndata)
+            .filter(|&q| {
+                self.qdead & (1 << q) != 0
+                    && now.saturating_sub(self.failed_at[q]) >= cfg.ib_recovery_delay_ms
+                    && self.attempts[q] < cfg.ib_recovery_attempts
+                    && self.port_up(q)
+            })
+            .fold(0, |m, q| m | 1 << q)
     }
 
     /// Deadline of a failover's wait for its drain markers.
@@ -583,6 +667,9 @@ impl Common {
                             Notice::Mismatch(m) => self.mismatch = Some(m),
                             Notice::Fail { dead } => self.peer_dead |= dead,
                             Notice::Resync(r) => self.resync = Some(r),
+                            Notice::Recover { qps } => self.recover_asked |= qps,
+                            Notice::Recovered { qps } => self.recovered |= qps,
+                            Notice::NotRecovered { qps } => self.not_recovered |= qps,
                         }
                     }
                     Err(why) => {

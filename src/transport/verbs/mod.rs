@@ -84,6 +84,8 @@ pub struct Setup {
     peer: SocketAddr,
     // Connected QPs drop before `local`, which holds their CQ.
     connected: Option<Vec<QpRts>>,
+    /// How each queue pair was connected (a failed one taken back is connected the same way).
+    links: Vec<res::Link>,
     local: Option<Local>,
     peer_meta: Option<Meta>,
     out: [u8; META_SIZE],
@@ -144,6 +146,7 @@ impl Setup {
             peer: link.peer,
             local: None,
             connected: None,
+            links: Vec::new(),
             peer_meta: None,
             out: [0; META_SIZE],
             sent: 0,
@@ -331,6 +334,7 @@ impl Setup {
             let remote = RemoteQp { qpn, lid: r.lid, gid: r.gid, mtu: r.mtu as u32, global: p.is_roce() || r.lid == 0 };
             let params = params(p, &r);
             rts.push(q.rtr(p, &remote, &params)?.rts(p, &params)?);
+            self.links.push(res::Link { remote, params, access: IBV_ACCESS_REMOTE_WRITE, pkey_index: cfg.ib_pkey });
         }
         if !self.send {
             // Every completion the sender may trigger needs a posted receive: post them before
@@ -458,7 +462,8 @@ impl Setup {
             if self.send { self.sl } else { m.sl }
         );
         let qpns: Vec<u32> = qps.iter().map(|q| q.qp().qpn()).collect();
-        let c = Common::new(self.ports, self.peer, fd, &qpns);
+        let mut c = Common::new(self.ports, self.peer, fd, &qpns);
+        c.links = std::mem::take(&mut self.links);
         let fifo_keys = std::array::from_fn(|i| if i < rn { m.member(i).fifo_rkey } else { 0 });
         match self.local.take().unwrap() {
             Local::Send { cqs, mem, parts, .. } => {

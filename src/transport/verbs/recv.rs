@@ -7,7 +7,7 @@ use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
 use crate::proto::send::Origin;
-use crate::proto::verbs::{cts_stride, fifo_bytes, remap, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use crate::proto::verbs::{cts_stride, fifo_bytes, remap_keeping, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
 use super::fuse::{member_of, MAX_MEMBERS};
 
 /// Staging copies of CTS groups, used in turn by consecutive receives: a group's copy is read by
@@ -88,6 +88,10 @@ pub struct VerbsRecv {
     /// Failed queue pairs whose drain marker has completed.
     drained: u32,
     in_failover: bool,
+    /// Recovery: failed queue pairs reset on this side (in RTR, receives posted), the sender
+    /// asked to take them back; and when recovery was last looked at (coarse ms).
+    recovering: u32,
+    recovery_checked: u64,
     /// Each receive's keys of its buffers on every member (a fused receiver's CTS entries carry
     /// them), to write its CTS group again after a failover.
     keys: Box<[[CtsKeys; MAX_GROUP]]>,
@@ -145,6 +149,8 @@ impl VerbsRecv {
             map: std::array::from_fn(|q| q as u8),
             drained: 0,
             in_failover: false,
+            recovering: 0,
+            recovery_checked: 0,
             keys: vec![[CtsKeys::default(); MAX_GROUP]; RECV_REQS].into_boxed_slice(),
             eng,
             posted_recvs: [depths.recvs_posted(); MAX_QPS],
@@ -279,6 +285,86 @@ impl VerbsRecv {
         if self.c.failover_due() {
             self.fail_over()?;
         }
+        if self.c.qdead != 0 && self.recovering == 0 {
+            let now = crate::sys::clock::coarse_ms();
+            if now.saturating_sub(self.recovery_checked) >= 50 {
+                self.recovery_checked = now;
+                let m = self.c.recoverable_now();
+                if m != 0 {
+                    self.ask_back(m)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Recovery, first half: reset our side of failed queue pairs `m` whose port is up again
+    /// (RESET, INIT, RTR: it can receive, and its receives are posted) and ask the sender to
+    /// take them back.
+    fn ask_back(&mut self, m: u32) -> Result<()> {
+        let (nq, ln) = (self.qps.len(), self.c.ports.len());
+        let mut ok = 0u32;
+        for q in (0..nq).filter(|&q| m & (1 << q) != 0) {
+            self.c.attempts[q] += 1;
+            self.c.failed_at[q] = crate::sys::clock::coarse_ms();
+            let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
+            if let Err(e) = self.qps[q].reset_to_rtr(port, &l) {
+                log::warn!("NET/rivet: {}: taking queue pair {q} back failed: {e}", self.c.where_(0));
+                continue;
+            }
+            if let Err(rc) = post_recvs(&self.qps[q], self.rq) {
+                return Err(self.c.post_failed_on(member_of(q, ln), self.qps[q].qp().qpn(), "ibv_post_recv", rc));
+            }
+            self.posted_recvs[q] = self.rq;
+            self.book.reset(q);
+            self.drained &= !(1 << q);
+            ok |= 1 << q;
+        }
+        if ok != 0 {
+            // They can receive again, and may fail again, from now on (not yet sent on: the map
+            // moves when the sender answers).
+            self.c.taken_back(ok);
+            self.recovering |= ok;
+            self.c.notify(&Notice::Recover { qps: ok })?;
+        }
+        Ok(())
+    }
+
+    /// Recovery, second half: the sender's answers. Those it took back go to RTS here too and
+    /// get their own traffic back (the credit word stays where it went: it must arrive in
+    /// order on one queue pair); those it could not go back to ERR, to be tried again later.
+    fn took_back(&mut self) -> Result<()> {
+        let yes = std::mem::take(&mut self.c.recovered) & self.recovering;
+        let no = std::mem::take(&mut self.c.not_recovered) & self.recovering;
+        self.recovering &= !(yes | no);
+        let (nq, ln) = (self.qps.len(), self.c.ports.len());
+        for q in (0..nq).filter(|&q| no & (1 << q) != 0) {
+            // Back to ERR (the sender never sent on it again: nothing to drain), tried later.
+            let _ = self.qps[q].to_err(self.c.ports[member_of(q, ln)]);
+        }
+        self.c.failed_over(no);
+        let mut ok = 0u32;
+        for q in (0..nq).filter(|&q| yes & (1 << q) != 0) {
+            let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
+            match self.qps[q].back_to_rts(port, &l) {
+                Ok(()) => ok |= 1 << q,
+                Err(e) => {
+                    // The sender sends on it already: it fails over again at its first error.
+                    log::warn!("NET/rivet: {}: taking queue pair {q} back failed: {e}", self.c.where_(0));
+                    self.c.mark_failed(1 << q, &e.to_string());
+                }
+            }
+        }
+        if let Some(map) = remap_keeping(self.c.qdead | self.c.failed, nq, &self.map, true) {
+            self.map = map;
+        }
+        if ok != 0 {
+            log::info!(
+                "NET/rivet: {}: took back queue pair(s) {ok:#x} (NCCL_IB_RESILIENCY_PORT_RECOVERY); logical queue pairs now on {:?}",
+                self.c.where_(0),
+                &self.map[..nq]
+            );
+        }
         Ok(())
     }
 
@@ -299,6 +385,9 @@ impl VerbsRecv {
     /// clear-to-send groups and the credit word, which may have been lost with them, are written
     /// again on the queue pairs that live.
     fn fail_over_now(&mut self) -> Result<()> {
+        if self.c.recovered | self.c.not_recovered != 0 {
+            self.took_back()?;
+        }
         let new = (self.c.failed | self.c.peer_dead) & !self.c.qdead & ((1u32 << self.qps.len()) - 1);
         if new == 0 {
             return Ok(());
@@ -325,10 +414,10 @@ impl VerbsRecv {
                 break;
             }
         }
-        self.c.qdead |= new;
-        self.c.failed &= !new;
+        self.c.failed_over(new);
+        self.recovering &= !new;
         let nq = self.qps.len();
-        let Some(map) = remap(self.c.qdead, nq) else {
+        let Some(map) = remap_keeping(self.c.qdead, nq, &self.map, false) else {
             return Err(self.c.die(Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
         };
         self.map = map;

@@ -251,16 +251,7 @@ impl QpInit {
             )));
         }
         let qp = Qp { raw, max_inline: attr.cap.max_inline_data };
-        // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
-        // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
-        // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
-        // are set below.
-        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = IBV_QPS_INIT;
-        a.pkey_index = pkey_index;
-        a.port_num = port.port;
-        a.qp_access_flags = access;
-        modify(&qp, &mut a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT", port)?;
+        to_init(&qp, port, access, pkey_index)?;
         Ok(QpInit(qp))
     }
 
@@ -270,63 +261,114 @@ impl QpInit {
 
     /// Connect to the remote QP: INIT → RTR.
     pub fn rtr(self, port: &IbPort, remote: &RemoteQp, p: &PathParams) -> Result<QpRtr> {
-        // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
-        // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
-        // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
-        // are set below.
-        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = IBV_QPS_RTR;
-        a.path_mtu = p.mtu;
-        a.dest_qp_num = remote.qpn;
-        a.rq_psn = 0;
-        a.max_dest_rd_atomic = 1;
-        a.min_rnr_timer = 12;
-        a.ah_attr.port_num = port.port;
-        a.ah_attr.sl = p.sl;
-        if remote.global {
-            a.ah_attr.is_global = 1;
-            a.ah_attr.grh.dgid = ibv_gid { raw: remote.gid };
-            a.ah_attr.grh.sgid_index = port.gid_index as u8;
-            a.ah_attr.grh.hop_limit = 255;
-            a.ah_attr.grh.traffic_class = p.tc;
-        } else {
-            a.ah_attr.dlid = remote.lid;
-        }
-        let mask = IBV_QP_STATE
-            | IBV_QP_AV
-            | IBV_QP_PATH_MTU
-            | IBV_QP_DEST_QPN
-            | IBV_QP_RQ_PSN
-            | IBV_QP_MAX_DEST_RD_ATOMIC
-            | IBV_QP_MIN_RNR_TIMER;
-        modify(&self.0, &mut a, mask, "RTR", port)?;
+        to_rtr(&self.0, port, remote, p)?;
         Ok(QpRtr(self.0))
     }
+}
+
+/// RESET → INIT on `port` with `access`.
+fn to_init(qp: &Qp, port: &IbPort, access: u32, pkey_index: u16) -> Result<()> {
+    // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
+    // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
+    // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
+    // are set below.
+    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = pkey_index;
+    a.port_num = port.port;
+    a.qp_access_flags = access;
+    modify(qp, &mut a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT", port)
+}
+
+/// INIT → RTR towards `remote`.
+fn to_rtr(qp: &Qp, port: &IbPort, remote: &RemoteQp, p: &PathParams) -> Result<()> {
+    // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
+    // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
+    // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
+    // are set below.
+    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = p.mtu;
+    a.dest_qp_num = remote.qpn;
+    a.rq_psn = 0;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.port_num = port.port;
+    a.ah_attr.sl = p.sl;
+    if remote.global {
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid = ibv_gid { raw: remote.gid };
+        a.ah_attr.grh.sgid_index = port.gid_index as u8;
+        a.ah_attr.grh.hop_limit = 255;
+        a.ah_attr.grh.traffic_class = p.tc;
+    } else {
+        a.ah_attr.dlid = remote.lid;
+    }
+    let mask = IBV_QP_STATE
+        | IBV_QP_AV
+        | IBV_QP_PATH_MTU
+        | IBV_QP_DEST_QPN
+        | IBV_QP_RQ_PSN
+        | IBV_QP_MAX_DEST_RD_ATOMIC
+        | IBV_QP_MIN_RNR_TIMER;
+    modify(qp, &mut a, mask, "RTR", port)
+}
+
+/// RTR → RTS with the retry settings.
+fn to_rts(qp: &Qp, port: &IbPort, p: &PathParams) -> Result<()> {
+    // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
+    // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
+    // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
+    // are set below.
+    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = p.timeout;
+    a.retry_cnt = p.retry_cnt;
+    a.rnr_retry = p.rnr_retry;
+    a.sq_psn = 0;
+    a.max_rd_atomic = 1;
+    let mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
+    modify(qp, &mut a, mask, "RTS", port)
 }
 
 impl QpRtr {
     /// RTR → RTS with the retry settings.
     pub fn rts(self, port: &IbPort, p: &PathParams) -> Result<QpRts> {
-        // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
-        // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
-        // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
-        // are set below.
-        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = IBV_QPS_RTS;
-        a.timeout = p.timeout;
-        a.retry_cnt = p.retry_cnt;
-        a.rnr_retry = p.rnr_retry;
-        a.sq_psn = 0;
-        a.max_rd_atomic = 1;
-        let mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
-        modify(&self.0, &mut a, mask, "RTS", port)?;
+        to_rts(&self.0, port, p)?;
         Ok(QpRts(self.0))
     }
+}
+
+/// How a connected queue pair was connected: what taking it back after a failover connects it
+/// to again.
+#[derive(Debug, Clone, Copy)]
+pub struct Link {
+    pub remote: RemoteQp,
+    pub params: PathParams,
+    pub access: u32,
+    pub pkey_index: u16,
 }
 
 impl QpRts {
     pub fn qp(&self) -> &Qp {
         &self.0
+    }
+
+    /// Take a failed queue pair back (failover recovery): RESET (its queues emptied), INIT and
+    /// RTR towards the same remote queue pair as before, packet numbers from 0 as the peer's
+    /// new incarnation uses: it can receive again; `back_to_rts` lets it send.
+    pub fn reset_to_rtr(&self, port: &IbPort, l: &Link) -> Result<()> {
+        // SAFETY: ibv_qp_attr is plain C data (see `to_init`); only the state is read for this mask.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = IBV_QPS_RESET;
+        modify(&self.0, &mut a, IBV_QP_STATE, "RESET", port)?;
+        to_init(&self.0, port, l.access, l.pkey_index)?;
+        to_rtr(&self.0, port, &l.remote, &l.params)
+    }
+
+    /// The second half of taking a queue pair back: RTR → RTS.
+    pub fn back_to_rts(&self, port: &IbPort, l: &Link) -> Result<()> {
+        to_rts(&self.0, port, &l.params)
     }
 
     /// Move a failed queue pair to ERR: nothing more arrives through it, and every work request

@@ -5,7 +5,7 @@ use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, D
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::Result;
 use crate::proto::send::{Close, Origin, RdvStep, Resend, RingSpec, SendEngine, SendPlan, SEND_REQS};
-use crate::proto::verbs::{cts_stride, fifo_bytes, remap, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_DATA, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use crate::proto::verbs::{cts_stride, fifo_bytes, remap_keeping, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_DATA, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
 use super::fuse::{member_of, MAX_MEMBERS};
 use crate::sys::ib::*;
 use crate::transport::{path_of, Conn, Lent, MrInfo, Path, MAX_RECVS};
@@ -72,6 +72,12 @@ pub struct VerbsSend {
     /// Failed queue pairs whose drain marker has completed.
     drained: u32,
     in_failover: bool,
+    /// Logical queue pairs wait to move back to a queue pair taken back (a part of theirs is
+    /// half posted where they are).
+    switching: bool,
+    /// The queue pair each part of each request slot's rendezvous send was posted on (a logical
+    /// queue pair may move between two of its parts' sends; a failover needs where each went).
+    part_qp: Box<[[u8; MAX_QPS]]>,
     /// On a comm that can fail over: each ring slot's last inline eager write (its length, 0 for
     /// none, and bytes).
     inline_copy: Box<[(u8, [u8; INLINE_COPY])]>,
@@ -128,6 +134,8 @@ impl VerbsSend {
             synced: 0,
             drained: 0,
             in_failover: false,
+            switching: false,
+            part_qp: vec![[0; MAX_QPS]; SEND_REQS].into_boxed_slice(),
             inline_copy: vec![(0, [0; INLINE_COPY]); copies].into_boxed_slice(),
             // One work request of each send queue is kept for a failover's drain marker.
             book: SqBook::new(Depths::get().send_sq - 1),
@@ -313,6 +321,7 @@ impl VerbsSend {
             // Logical queue pair s.q runs on queue pair q (itself, until it fails): our member
             // q % ln (its lkey) to the receiver's q % rn (its rkey).
             let q = self.map[s.q] as usize;
+            self.part_qp[req as usize][s.q] = q as u8;
             let (lm, rm) = (member_of(q, ln), member_of(q, rn));
             let mut n = 0;
             if let Some((off, len)) = s.data {
@@ -372,6 +381,9 @@ impl VerbsSend {
         if self.c.failover_due() {
             self.fail_over()?;
         }
+        if self.switching {
+            self.switch_back();
+        }
         if self.ndeferred > 0 {
             self.post_deferred()?;
         }
@@ -410,22 +422,91 @@ impl VerbsSend {
         if new != 0 {
             let found_here = self.c.failed & new != 0;
             self.drain(new)?;
-            self.c.qdead |= new;
-            self.c.failed &= !new;
+            self.c.failed_over(new);
             if found_here {
                 self.c.notify(&Notice::Fail { dead: self.c.qdead })?;
             }
         }
-        let Some(r) = resync else { return Ok(()) };
+        if let Some(r) = resync {
+            self.apply_account(r)?;
+        }
+        // Recovery: the receiver has reset its side of failed queue pairs (after the account
+        // that failed them over: the notices come in order).
+        let asked = std::mem::take(&mut self.c.recover_asked);
+        if asked != 0 {
+            self.take_back(asked)?;
+        }
+        Ok(())
+    }
+
+    /// Move logical queue pairs back to the queue pairs taken back, each once none of its parts
+    /// is half posted on the one it moved to.
+    fn switch_back(&mut self) {
+        let nq = self.qps.len();
+        let Some(want) = remap_keeping(self.synced, nq, &self.map, true) else { return };
+        let open = self.eng.open_parts();
+        let mut pending = false;
+        for (q, &w) in want.iter().enumerate().take(nq) {
+            if self.map[q] != w {
+                if open & (1 << q) == 0 {
+                    self.map[q] = w;
+                } else {
+                    pending = true;
+                }
+            }
+        }
+        self.switching = pending;
+    }
+
+    /// The receiver has reset its side of failed queue pairs `asked` and can receive on them:
+    /// those whose port is up here too are reset and reconnected, and get their own traffic
+    /// back (the eager messages stay where they went: they must arrive in ring order on one
+    /// queue pair); the receiver is told which.
+    fn take_back(&mut self, asked: u32) -> Result<()> {
+        let (nq, ln) = (self.qps.len(), self.c.ports.len());
+        let mut ok = 0u32;
+        let eligible = asked & self.c.qdead & self.synced;
+        for q in (0..nq).filter(|&q| eligible & (1 << q) != 0 && self.c.port_up(q)) {
+            let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
+            match self.qps[q].reset_to_rtr(port, &l).and_then(|_| self.qps[q].back_to_rts(port, &l)) {
+                Ok(()) => ok |= 1 << q,
+                Err(e) => log::warn!("NET/rivet: {}: taking queue pair {q} back failed: {e}", self.c.where_(0)),
+            }
+            self.book.reset(q);
+            self.drained &= !(1 << q);
+        }
+        self.c.taken_back(ok);
+        self.synced &= !ok;
+        self.switch_back();
+        if ok != 0 {
+            self.c.notify(&Notice::Recovered { qps: ok })?;
+            let per: Vec<String> = self.c.ports.iter().zip(&self.c.member_bytes).map(|(p, b)| format!("{}:{} {b}", p.dev.name, p.port)).collect();
+            log::info!(
+                "NET/rivet: {}: took back queue pair(s) {ok:#x} (NCCL_IB_RESILIENCY_PORT_RECOVERY); logical queue pairs now on {:?}; bytes sent per member so far: {}",
+                self.c.where_(0),
+                &self.map[..nq],
+                per.join(", ")
+            );
+        }
+        if asked & !ok != 0 {
+            self.c.notify(&Notice::NotRecovered { qps: asked & !ok })?;
+        }
+        Ok(())
+    }
+
+    /// Apply the receiver's account of what arrived: for the queue pairs it names that no
+    /// earlier account did, the engine completes what arrived and says what to post again.
+    fn apply_account(&mut self, r: crate::proto::verbs::Resync) -> Result<()> {
         let newly = r.dead & !self.synced;
         if newly == 0 {
             return Ok(());
         }
         let nq = self.qps.len();
-        let parts = (0..nq).filter(|&q| newly & (1 << self.map[q]) != 0).fold(0u32, |m, q| m | 1 << q);
-        let resend = self.eng.fail_over(parts, &r).map_err(|e| self.c.proto(e))?;
+        let part_qp = &self.part_qp;
+        let lost = |req: u16, q: usize| newly & (1 << part_qp[req as usize][q]) != 0;
+        let resend = self.eng.fail_over(newly & (1 << self.map[0]) != 0, lost, &r).map_err(|e| self.c.proto(e))?;
         self.synced |= r.dead;
-        let Some(map) = remap(self.synced, nq) else {
+        let Some(map) = remap_keeping(self.synced, nq, &self.map, false) else {
             return Err(self.c.die(crate::error::Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
         };
         self.map = map;
