@@ -478,7 +478,8 @@ impl Recv {
             eprintln!("step {}: receiver hears {} for {m:#b}", sim.steps, if yes { "Recovered" } else { "NotRecovered" });
         }
         if yes {
-            self.map = remap_keeping(self.qdead, sim.cfg.nqps, &self.map, true).expect("a queue pair lives");
+            // Not onto one still being taken back (it cannot send yet).
+            self.map = remap_keeping(self.qdead | self.recovering, sim.cfg.nqps, &self.map, true).expect("a queue pair lives");
         } else {
             // Back to ERR: the sender never sent on them again.
             sim.err(true, m);
@@ -507,7 +508,8 @@ impl Recv {
         let at = oob_delay(sim);
         sim.to_send.push_back((at, Notice::Resync(r)));
         self.recovering &= !mask;
-        self.map = remap_keeping(self.qdead, sim.cfg.nqps, &self.map, false).expect("a queue pair lives");
+        // Not onto one being taken back: it cannot send until the sender has answered.
+        self.map = remap_keeping(self.qdead | self.recovering, sim.cfg.nqps, &self.map, false).expect("a queue pair lives");
         for (_, p) in self.eng.cts_outstanding() {
             self.post_cts(sim, &p);
         }

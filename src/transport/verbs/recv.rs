@@ -273,9 +273,9 @@ impl VerbsRecv {
         Ok(())
     }
 
-    /// Whether queue pair `q` failed.
+    /// Whether queue pair `q` failed (or is being taken back: in RTR, it cannot send yet).
     fn gone(&self, q: usize) -> bool {
-        (self.c.qdead | self.c.failed) & (1 << q) != 0
+        (self.c.qdead | self.c.failed | self.recovering) & (1 << q) != 0
     }
 
     /// Nothing moved: liveness, the device's events and the peer's notices, and a failover
@@ -355,7 +355,7 @@ impl VerbsRecv {
                 }
             }
         }
-        if let Some(map) = remap_keeping(self.c.qdead | self.c.failed, nq, &self.map, true) {
+        if let Some(map) = remap_keeping(self.c.qdead | self.c.failed | self.recovering, nq, &self.map, true) {
             self.map = map;
         }
         if ok != 0 {
@@ -417,7 +417,8 @@ impl VerbsRecv {
         self.c.failed_over(new);
         self.recovering &= !new;
         let nq = self.qps.len();
-        let Some(map) = remap_keeping(self.c.qdead, nq, &self.map, false) else {
+        // Not onto one being taken back (in RTR, it cannot send until the sender has answered).
+        let Some(map) = remap_keeping(self.c.qdead | self.recovering, nq, &self.map, false) else {
             return Err(self.c.die(Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
         };
         self.map = map;
