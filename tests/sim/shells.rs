@@ -257,10 +257,12 @@ impl Send {
         }
         // In ERR from now on: nothing more goes out on them or arrives through them (a live one
         // found failed late, after it was taken back, dies here).
-        sim.err(false, mask & !self.qdead);
+        let new = mask & !self.qdead;
+        sim.err(false, new);
         self.qdead |= mask;
         let at = oob_delay(sim);
-        sim.to_recv.push_back((at, Notice::Fail { dead: self.qdead }));
+        // Only the new ones: naming one failed over before could undo a take-back under way.
+        sim.to_recv.push_back((at, Notice::Fail { dead: new }));
     }
 
     /// The receiver's account: the queue pairs it names and this side has not yet failed over

@@ -15,7 +15,7 @@ use super::dev::IbPort;
 use super::res::{Cq, QpRts};
 use crate::error::{Error, Kind, Result};
 use super::oob::{self, PeerState};
-use crate::proto::verbs::{Mismatch, Notice, Resync, EAGER_HDR, MAX_NOTICE};
+use crate::proto::verbs::{Mismatch, Notice, EAGER_HDR, MAX_NOTICE};
 use crate::proto::{Explain, ProtoError};
 use crate::sys::ib::*;
 use crate::sys::verbs::{self, wc_status_hint, wc_status_name};
@@ -303,19 +303,17 @@ pub struct Common {
     causes: Vec<String>,
     /// Receiver: queue pairs the sender's notices named dead.
     pub(super) peer_dead: u32,
-    /// Sender: the receiver's latest account of what arrived, not yet applied.
-    pub(super) resync: Option<Resync>,
+    /// Failover notices from the peer not yet acted on, in the order they came (the shells act
+    /// on them in that order: a Recover and an account, or a Fail and a Recovered, mean
+    /// different things the other way round).
+    pub(super) notices: std::collections::VecDeque<Notice>,
     /// How each data queue pair was connected (to take a failed one back).
     pub(super) links: Vec<super::res::Link>,
     /// Recovery (NCCL_IB_RESILIENCY_PORT_RECOVERY): when each data queue pair was failed over
     /// (coarse ms) and how often taking it back was tried.
     pub(super) failed_at: [u64; crate::proto::verbs::MAX_QPS],
     pub(super) attempts: [u32; crate::proto::verbs::MAX_QPS],
-    /// Recovery notices not yet acted on: the receiver's asks (at a sender), the sender's
-    /// answers (at a receiver).
-    pub(super) recover_asked: u32,
-    pub(super) recovered: u32,
-    pub(super) not_recovered: u32,
+
     /// Failed completions seen per data queue pair (reported when it is drained).
     pub(super) flushed: [u32; crate::proto::verbs::MAX_QPS],
     /// Bytes of the out-of-band socket not yet a whole notice, and a mismatch it brought.
@@ -394,13 +392,11 @@ impl Common {
             qdead: 0,
             causes: Vec::new(),
             peer_dead: 0,
-            resync: None,
+            notices: std::collections::VecDeque::new(),
             links: Vec::new(),
             failed_at: [0; crate::proto::verbs::MAX_QPS],
             attempts: [0; crate::proto::verbs::MAX_QPS],
-            recover_asked: 0,
-            recovered: 0,
-            not_recovered: 0,
+
             flushed: [0; crate::proto::verbs::MAX_QPS],
             inbox: Vec::new(),
             mismatch: None,
@@ -565,7 +561,7 @@ impl Common {
     /// Whether a failover is due: queue pairs found failed, the peer naming dead ones, or (on a
     /// sender) the receiver's account; or a recovery notice to act on.
     pub(super) fn failover_due(&self) -> bool {
-        self.failed != 0 || self.peer_dead & !self.qdead != 0 || self.resync.is_some() || self.recover_asked | self.recovered | self.not_recovered != 0
+        self.failed != 0 || self.peer_dead & !self.qdead != 0 || !self.notices.is_empty()
     }
 
     /// Queue pairs `mask` are failed over (in ERR, drained): recovery may take them back later.
@@ -586,6 +582,11 @@ impl Common {
         for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
             self.flushed[q] = 0;
         }
+    }
+
+    /// Every data queue pair (bit q).
+    pub(super) fn all_qps(&self) -> u32 {
+        ((1u64 << self.ndata) - 1) as u32
     }
 
     /// Whether data queue pair `q`'s port is up (ACTIVE, and no PORT_ERR since its PORT_ACTIVE).
@@ -665,11 +666,19 @@ impl Common {
                         self.inbox.drain(..len);
                         match n {
                             Notice::Mismatch(m) => self.mismatch = Some(m),
-                            Notice::Fail { dead } => self.peer_dead |= dead,
-                            Notice::Resync(r) => self.resync = Some(r),
-                            Notice::Recover { qps } => self.recover_asked |= qps,
-                            Notice::Recovered { qps } => self.recovered |= qps,
-                            Notice::NotRecovered { qps } => self.not_recovered |= qps,
+                            // Bits beyond this comm's queue pairs mean nothing here.
+                            Notice::Fail { dead } => self.notices.push_back(Notice::Fail { dead: dead & self.all_qps() }),
+                            Notice::Resync(mut r) => {
+                                r.dead &= self.all_qps();
+                                self.notices.push_back(Notice::Resync(r));
+                            }
+                            Notice::Recover { qps } => self.notices.push_back(Notice::Recover { qps: qps & self.all_qps() }),
+                            Notice::Recovered { qps } => self.notices.push_back(Notice::Recovered { qps: qps & self.all_qps() }),
+                            Notice::NotRecovered { qps } => self.notices.push_back(Notice::NotRecovered { qps: qps & self.all_qps() }),
+                        }
+                        if self.notices.len() > 4096 {
+                            let e = Error::remote(format!("{}: the peer sent more failover notices than this comm can act on", self.where_(0)));
+                            return Err(self.die(e));
                         }
                     }
                     Err(why) => {

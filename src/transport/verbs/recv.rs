@@ -333,9 +333,9 @@ impl VerbsRecv {
     /// Recovery, second half: the sender's answers. Those it took back go to RTS here too and
     /// get their own traffic back (the credit word stays where it went: it must arrive in
     /// order on one queue pair); those it could not go back to ERR, to be tried again later.
-    fn took_back(&mut self) -> Result<()> {
-        let yes = std::mem::take(&mut self.c.recovered) & self.recovering;
-        let no = std::mem::take(&mut self.c.not_recovered) & self.recovering;
+    fn took_back(&mut self, yes: u32, no: u32) -> Result<()> {
+        // Only those still being taken back (one failed again meanwhile is failed over).
+        let (yes, no) = (yes & self.recovering, no & self.recovering);
         self.recovering &= !(yes | no);
         let (nq, ln) = (self.qps.len(), self.c.ports.len());
         for q in (0..nq).filter(|&q| no & (1 << q) != 0) {
@@ -347,7 +347,10 @@ impl VerbsRecv {
         for q in (0..nq).filter(|&q| yes & (1 << q) != 0) {
             let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
             match self.qps[q].back_to_rts(port, &l) {
-                Ok(()) => ok |= 1 << q,
+                Ok(()) => {
+                    ok |= 1 << q;
+                    self.c.attempts[q] = 0; // a later failure gets its own attempts
+                }
                 Err(e) => {
                     // The sender sends on it already: it fails over again at its first error.
                     log::warn!("NET/rivet: {}: taking queue pair {q} back failed: {e}", self.c.where_(0));
@@ -385,10 +388,23 @@ impl VerbsRecv {
     /// clear-to-send groups and the credit word, which may have been lost with them, are written
     /// again on the queue pairs that live.
     fn fail_over_now(&mut self) -> Result<()> {
-        if self.c.recovered | self.c.not_recovered != 0 {
-            self.took_back()?;
+        // What failed so far, then each of the sender's notices in the order it sent them (a
+        // Fail and a Recovered mean different things the other way round).
+        loop {
+            self.fail_over_found()?;
+            match self.c.notices.pop_front() {
+                None => return Ok(()),
+                Some(Notice::Fail { dead }) => self.c.peer_dead |= dead,
+                Some(Notice::Recovered { qps }) => self.took_back(qps, 0)?,
+                Some(Notice::NotRecovered { qps }) => self.took_back(0, qps)?,
+                Some(_) => {} // a sender's notice: not for a receiver
+            }
         }
-        let new = (self.c.failed | self.c.peer_dead) & !self.c.qdead & ((1u32 << self.qps.len()) - 1);
+    }
+
+    /// Fail over the queue pairs found failed here or named by the sender, if any are new.
+    fn fail_over_found(&mut self) -> Result<()> {
+        let new = (self.c.failed | self.c.peer_dead) & !self.c.qdead & self.c.all_qps();
         if new == 0 {
             return Ok(());
         }
@@ -499,7 +515,7 @@ impl VerbsRecv {
     /// Wait (bounded) until queue pair `q`'s send queue has room for a control write.
     fn wait_room(&mut self, q: usize) -> Result<()> {
         let deadline = Common::drain_deadline();
-        while self.book.room(q) < 2 {
+        while !self.gone(q) && self.book.room(q) < 2 {
             if std::time::Instant::now() > deadline {
                 return Err(self.c.drain_timeout(0));
             }
@@ -612,6 +628,11 @@ impl VerbsRecv {
                 }
                 KIND_DRAIN => self.drained |= 1 << (wc.wr_id & 0xff),
                 KIND_FLUSH => {
+                    if wc.status != IBV_WC_SUCCESS {
+                        // Its member failed over (Common::poll): a new flush queue pair is made
+                        // at the next flush, once the member is back.
+                        self.flush_qps[m] = None;
+                    }
                     // One read per member: the flush is done with the last.
                     let req = (wc.wr_id & 0xffff) as u16;
                     if let Some(left) = self.flush_left.get_mut(req as usize) {

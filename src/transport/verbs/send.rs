@@ -81,6 +81,9 @@ pub struct VerbsSend {
     /// On a comm that can fail over: each ring slot's last inline eager write (its length, 0 for
     /// none, and bytes).
     inline_copy: Box<[(u8, [u8; INLINE_COPY])]>,
+    /// Largest eager write (header and payload) that goes inline: what every queue pair takes
+    /// (a failover may send it again on another), and what the copy holds.
+    inline_room: usize,
     /// What each send queue holds.
     book: SqBook,
     /// Rendezvous sends whose newly ready bytes found a send queue full (request, bytes ready),
@@ -115,6 +118,7 @@ impl VerbsSend {
         eng.set_adaptive_routing(c.adaptive_routing().then_some(crate::config::get().ib_ar_threshold));
         let keyed = if rem_members > 1 { FIFO_DEPTH * MAX_GROUP } else { 0 };
         let copies = if c.failover { ring.slots } else { 0 };
+        let inline_all = qps.iter().map(|q| q.qp().max_inline as usize).min().unwrap_or(0);
         VerbsSend {
             qps,
             cqs,
@@ -137,6 +141,7 @@ impl VerbsSend {
             switching: false,
             part_qp: vec![[0; MAX_QPS]; SEND_REQS].into_boxed_slice(),
             inline_copy: vec![(0, [0; INLINE_COPY]); copies].into_boxed_slice(),
+            inline_room: if copies > 0 { inline_all.min(INLINE_COPY) } else { inline_all },
             // One work request of each send queue is kept for a failover's drain marker.
             book: SqBook::new(Depths::get().send_sq - 1),
             deferred: vec![(0, 0); SEND_REQS].into_boxed_slice(),
@@ -240,12 +245,25 @@ impl VerbsSend {
     /// signaled, to retire the ones before it, its id is a control one).
     /// `on_gpu`: the payload is GPU memory, which only the NIC may read (never inline).
     fn post_eager(&mut self, ring_slot: usize, hdr_slot: usize, h: EagerHdr, (data, lkeys): (u64, [u32; MAX_MEMBERS]), wr_id: u64, on_gpu: bool) -> Result<bool> {
+        let size = if h.flags & EAGER_DATA != 0 { h.size as usize } else { 0 };
+        let split = self.eng.ar_split(EAGER_HDR + size);
+        let inline = !split && !on_gpu && EAGER_HDR + size <= self.inline_room;
+        if inline && self.book.signals_next(self.map[0] as usize) {
+            // This one will be signaled: reap the completions before it first. Nothing else
+            // polls a stream of inline sends (each is done once posted), and their send queue
+            // slots come back only when a completion after them is polled. Before the work
+            // request is built, and with no failover meanwhile (the engine has this message in
+            // its ring already: a failover now would send it, and then this would again).
+            let held = std::mem::replace(&mut self.in_failover, true);
+            let r = self.progress();
+            self.in_failover = held;
+            r?;
+        }
         // SAFETY: `hdr_slot < SEND_REQS + RTS_HDRS`, the header buffers HDRS_BYTES holds.
         let hp = unsafe { self.hdrs.ptr().add(hdr_slot * EAGER_HDR) as *mut EagerHdr };
         // SAFETY: our own registered memory, aligned for the header, not in flight (its request
         // slot, or the announcement's, is ours until its write completes).
         unsafe { hp.write(h) };
-        let size = if h.flags & EAGER_DATA != 0 { h.size as usize } else { 0 };
         // Logical queue pair 0 (queue pair 0 until it fails): our member lm to the receiver's rm.
         let q = self.map[0] as usize;
         let (lm, rm) = (member_of(q, self.c.ports.len()), member_of(q, self.rem_members));
@@ -255,7 +273,7 @@ impl VerbsSend {
         let remote = self.ring.addr + (ring_slot * slot_bytes(self.ring.eager_max)) as u64;
         let imm = Imm::Eager(ring_slot as u32).encode().to_be();
         let rkey = self.ring.rkeys[rm];
-        if self.eng.ar_split(EAGER_HDR + size) {
+        if split {
             // Adaptive routing, above its threshold: the header and payload as a plain write,
             // then the immediate alone (a zero-byte send), completed only once the write landed.
             self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, remote, rkey, if size > 0 { 2 } else { 1 });
@@ -271,14 +289,6 @@ impl VerbsSend {
         }
         self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, wr_id, remote, rkey, if size > 0 { 2 } else { 1 });
         self.wrs[0].__bindgen_anon_1.imm_data = imm;
-        let room = if self.inline_copy.is_empty() { usize::MAX } else { INLINE_COPY };
-        let inline = !on_gpu && EAGER_HDR + size <= (self.qps[q].qp().max_inline as usize).min(room);
-        if inline && self.book.signals_next(q) {
-            // This one will be signaled: reap the completions before it first. Nothing else
-            // polls a stream of inline sends (each is done once posted), and their send queue
-            // slots come back only when a completion after them is polled.
-            self.progress()?;
-        }
         if !inline && !self.inline_copy.is_empty() {
             self.inline_copy[ring_slot].0 = 0;
         }
@@ -416,25 +426,29 @@ impl VerbsSend {
     /// account (sent once its own are drained) says what of them arrived; the engine completes
     /// what did and the rest is posted again on the queue pairs that live.
     fn fail_over_now(&mut self) -> Result<()> {
-        let resync = self.c.resync.take();
-        let named = resync.as_ref().map_or(0, |r| r.dead);
-        let new = (self.c.failed | named) & !self.c.qdead & ((1u32 << self.qps.len()) - 1);
-        if new != 0 {
-            let found_here = self.c.failed & new != 0;
-            self.drain(new)?;
-            self.c.failed_over(new);
-            if found_here {
-                self.c.notify(&Notice::Fail { dead: self.c.qdead })?;
+        // Found here: drained, then named to the receiver (only these: a Fail that named ones
+        // failed over before could undo a take-back under way).
+        let found = self.c.failed & !self.c.qdead & self.c.all_qps();
+        if found != 0 {
+            self.drain(found)?;
+            self.c.failed_over(found);
+            self.c.notify(&Notice::Fail { dead: found })?;
+        }
+        // The receiver's notices, in the order it sent them.
+        while let Some(n) = self.c.notices.pop_front() {
+            match n {
+                Notice::Resync(r) => {
+                    let named = r.dead & !self.c.qdead;
+                    if named != 0 {
+                        self.drain(named)?;
+                        self.c.failed_over(named);
+                    }
+                    self.apply_account(r)?;
+                }
+                // Recovery: the receiver has reset its side of failed queue pairs.
+                Notice::Recover { qps } => self.take_back(qps)?,
+                _ => {} // a receiver's notice: not for a sender
             }
-        }
-        if let Some(r) = resync {
-            self.apply_account(r)?;
-        }
-        // Recovery: the receiver has reset its side of failed queue pairs (after the account
-        // that failed them over: the notices come in order).
-        let asked = std::mem::take(&mut self.c.recover_asked);
-        if asked != 0 {
-            self.take_back(asked)?;
         }
         Ok(())
     }
@@ -549,7 +563,9 @@ impl VerbsSend {
     fn resend(&mut self, r: Resend) -> Result<()> {
         for (slot, hdr_slot, hdr, req) in r.eager {
             let deadline = Common::drain_deadline();
-            while self.book.room(self.map[0] as usize) < MAX_POST {
+            // (Not for a queue pair that fails meanwhile: the post is dropped, and the next
+            // failover's account asks for it again.)
+            while !self.gone(self.map[0] as usize) && self.book.room(self.map[0] as usize) < MAX_POST {
                 if std::time::Instant::now() > deadline {
                     return Err(self.c.drain_timeout(0));
                 }
