@@ -234,20 +234,35 @@ impl SqBook {
     }
 }
 
+/// Run `f` on a shell unless a call of it is already under way there (`busy`): a failover polls
+/// while it drains, and a poll may call for another.
+pub(super) fn once<S>(s: &mut S, busy: fn(&mut S) -> &mut bool, f: fn(&mut S) -> Result<()>) -> Result<()> {
+    if *busy(s) {
+        return Ok(());
+    }
+    *busy(s) = true;
+    let r = f(s);
+    *busy(s) = false;
+    r
+}
+
 /// A failover's wait (bounded) for the drain markers of queue pairs `mask`. A provider that does
 /// not flush a marker posted to a queue pair in ERR (Soft-RoCE of some kernels, for receive
-/// queues): after MARKER_WAIT, the queue pairs count as drained once no completion has come for
-/// QUIET (nothing new reaches a queue pair in ERR, and what had reached it is in the CQ by then).
+/// queues): after MARKER_WAIT, the queue pairs count as drained once none of them has given a
+/// completion for QUIET (nothing new reaches a queue pair in ERR, and what had reached it is in
+/// the CQ by then; the live ones' traffic does not count).
 pub(super) struct Drain {
     mask: u32,
     start: Instant,
     quiet_since: Instant,
+    /// Failed completions of the queue pairs drained, when last looked at.
+    seen: u64,
 }
 
 impl Drain {
     pub(super) fn new(mask: u32) -> Drain {
         let now = Instant::now();
-        Drain { mask, start: now, quiet_since: now }
+        Drain { mask, start: now, quiet_since: now, seen: 0 }
     }
 
     /// After a poll that `moved` (or not), with the markers `drained` so far: whether the queue
@@ -257,7 +272,9 @@ impl Drain {
             return Ok(true);
         }
         let now = Instant::now();
-        if moved {
+        let seen: u64 = (0..c.ndata).filter(|&q| self.mask & (1 << q) != 0).map(|q| c.flushed[q] as u64).sum();
+        if seen != self.seen {
+            self.seen = seen;
             self.quiet_since = now;
         }
         if now.duration_since(self.start) > MARKER_WAIT && now.duration_since(self.quiet_since) > QUIET {
@@ -313,7 +330,6 @@ pub struct Common {
     /// (coarse ms) and how often taking it back was tried.
     pub(super) failed_at: [u64; crate::proto::verbs::MAX_QPS],
     pub(super) attempts: [u32; crate::proto::verbs::MAX_QPS],
-
     /// Failed completions seen per data queue pair (reported when it is drained).
     pub(super) flushed: [u32; crate::proto::verbs::MAX_QPS],
     /// Bytes of the out-of-band socket not yet a whole notice, and a mismatch it brought.
@@ -396,7 +412,6 @@ impl Common {
             links: Vec::new(),
             failed_at: [0; crate::proto::verbs::MAX_QPS],
             attempts: [0; crate::proto::verbs::MAX_QPS],
-
             flushed: [0; crate::proto::verbs::MAX_QPS],
             inbox: Vec::new(),
             mismatch: None,
@@ -537,7 +552,7 @@ impl Common {
         let mut names: Vec<String> = (0..self.ndata).filter(|&q| new & (1 << q) != 0).map(|q| self.member_name(self.qp_member[q] as usize)).collect();
         names.dedup();
         self.causes.push(cause.to_string());
-        if (self.failed | self.qdead) & all == all || !self.failover {
+        if (self.failed | self.qdead) & all == all {
             let e = Error::remote(format!("every queue pair of this connection failed ({}); no member is left to fail over to", self.causes.join("; ")));
             self.die(e);
             return;

@@ -373,13 +373,7 @@ impl VerbsRecv {
 
     /// Fail over (once per call chain: draining polls, and polls may find more).
     fn fail_over(&mut self) -> Result<()> {
-        if self.in_failover {
-            return Ok(());
-        }
-        self.in_failover = true;
-        let r = self.fail_over_now();
-        self.in_failover = false;
-        r
+        super::conn::once(self, |s| &mut s.in_failover, Self::fail_over_now)
     }
 
     /// Queue pairs found failed here, or named by the sender, go to ERR and are drained: every
