@@ -335,6 +335,8 @@ pub struct Common {
     /// Bytes of the out-of-band socket not yet a whole notice, and a mismatch it brought.
     inbox: Vec<u8>,
     mismatch: Option<Mismatch>,
+    /// The end of the out-of-band socket (None) or its error (Some), once reading met it.
+    oob_end: Option<Option<std::io::Error>>,
     pub peer: SocketAddr,
     pub oob: OwnedFd,
     dead: Option<Error>,
@@ -415,6 +417,7 @@ impl Common {
             flushed: [0; crate::proto::verbs::MAX_QPS],
             inbox: Vec::new(),
             mismatch: None,
+            oob_end: None,
             peer,
             oob,
             dead: None,
@@ -667,10 +670,20 @@ impl Common {
     /// `idle`. Garbage fails the comm.
     fn read_inbox(&mut self) -> Result<()> {
         let mut buf = [0u8; MAX_NOTICE];
-        loop {
+        while self.oob_end.is_none() {
             let room = MAX_NOTICE.saturating_sub(self.inbox.len()).max(1);
             let k = match oob::recv_some(&self.oob, &mut buf[..room]) {
-                Ok(0) | Err(_) => break, // EOF, an error or nothing: the peer's state says which
+                Ok(0) => {
+                    self.oob_end.get_or_insert(None);
+                    break;
+                }
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => break,
+                Err(e) => {
+                    // Kept: the socket reports its error once (a keepalive timeout says the
+                    // peer host stopped answering).
+                    self.oob_end.get_or_insert(Some(e));
+                    break;
+                }
                 Ok(k) => k,
             };
             self.inbox.extend_from_slice(&buf[..k]);
@@ -727,7 +740,16 @@ impl Common {
     }
 
     fn peer_state(&self) -> PeerState {
-        oob::peer_state(&self.oob)
+        // Reading the notices may have met the socket's end or error first (an error is
+        // reported once): it says what the peer's state is from then on.
+        match &self.oob_end {
+            Some(None) => PeerState::Gone,
+            Some(Some(e)) if crate::transport::socket::sock::host_unreachable(e) => {
+                PeerState::Unreachable(e.raw_os_error().map_or_else(|| std::io::Error::from(e.kind()), std::io::Error::from_raw_os_error))
+            }
+            Some(Some(_)) => PeerState::Gone,
+            None => oob::peer_state(&self.oob),
+        }
     }
 
     fn notify_mismatch(&self, m: Mismatch) {
