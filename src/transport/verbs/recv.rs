@@ -540,7 +540,8 @@ impl VerbsRecv {
         // queue holds, at worst: then it waits for all its receives, and an excess write is
         // retried by the sender's NIC, not lost: rnr_retry 7).
         let carried = self.map[..self.qps.len()].iter().filter(|&&p| p as usize == q).count().max(1);
-        let need = (RING_SLOTS + (self.eng.rdv_owed() + more) * carried).min(self.rq as usize);
+        let need = RING_SLOTS + (self.eng.rdv_owed() + more) * carried;
+        let need = if carried > 1 { need.min(self.rq as usize) } else { need };
         if (self.posted_recvs[q] as usize) < need && self.posted_recvs[q] < self.rq {
             self.repost(q)?;
         }
