@@ -386,6 +386,19 @@ impl Notice {
         }
     }
 
+    /// The notice with its queue pair masks limited to `qps` (a peer's bits beyond a comm's
+    /// queue pairs mean nothing to it).
+    pub fn masked(self, qps: u32) -> Notice {
+        match self {
+            Notice::Mismatch(m) => Notice::Mismatch(m),
+            Notice::Fail { dead } => Notice::Fail { dead: dead & qps },
+            Notice::Resync(r) => Notice::Resync(Resync { dead: r.dead & qps, ..r }),
+            Notice::Recover { qps: m } => Notice::Recover { qps: m & qps },
+            Notice::Recovered { qps: m } => Notice::Recovered { qps: m & qps },
+            Notice::NotRecovered { qps: m } => Notice::NotRecovered { qps: m & qps },
+        }
+    }
+
     /// The first notice in `b`, and its length; None while it has not all arrived; Err for
     /// bytes that are no notice of ours (the connection's peer is not a rivet of this build).
     pub fn decode(b: &[u8]) -> Result<Option<(Notice, usize)>, String> {
@@ -693,6 +706,8 @@ mod tests {
             assert_eq!(Notice::decode(&b), Ok(Some((n, len))));
         }
         assert!(Notice::decode(&[0x41u8; NOTICE_SIZE]).is_err(), "garbage is refused");
+        assert_eq!(Notice::Fail { dead: 0b1111 }.masked(0b11), Notice::Fail { dead: 0b11 }, "bits beyond the comm's queue pairs dropped");
+        assert_eq!(Notice::Recover { qps: 0b100 }.masked(0b11), Notice::Recover { qps: 0 });
         let mut bad = Notice::Resync(Resync { dead: 1, ..Default::default() }).encode();
         bad[layout::failover::COUNT.off] = 33;
         assert!(Notice::decode(&bad).is_err(), "more receives than a receiver can have");

@@ -265,9 +265,15 @@ impl Drain {
         Drain { mask, start: now, quiet_since: now, seen: 0 }
     }
 
-    /// After a poll that `moved` (or not), with the markers `drained` so far: whether the queue
-    /// pairs count as drained (Err once DRAIN_WAIT is over).
-    pub(super) fn done(&mut self, c: &mut Common, drained: u32, moved: bool) -> Result<bool> {
+    /// Whether the queue pairs count as drained yet (Err once DRAIN_WAIT is over).
+    pub(super) fn waiting(&self, c: &Common) -> bool {
+        c.drained & self.mask != self.mask
+    }
+
+    /// After a poll that `moved` (or not): whether the queue pairs count as drained (Err once
+    /// DRAIN_WAIT is over).
+    pub(super) fn done(&mut self, c: &mut Common, moved: bool) -> Result<bool> {
+        let drained = c.drained;
         if drained & self.mask == self.mask {
             return Ok(true);
         }
@@ -330,6 +336,8 @@ pub struct Common {
     /// (coarse ms) and how often taking it back was tried.
     pub(super) failed_at: [u64; crate::proto::verbs::MAX_QPS],
     pub(super) attempts: [u32; crate::proto::verbs::MAX_QPS],
+    /// Data queue pairs whose drain marker has completed (recorded by `poll`).
+    pub(super) drained: u32,
     /// Failed completions seen per data queue pair (reported when it is drained).
     pub(super) flushed: [u32; crate::proto::verbs::MAX_QPS],
     /// Bytes of the out-of-band socket not yet a whole notice, and a mismatch it brought.
@@ -414,6 +422,7 @@ impl Common {
             links: Vec::new(),
             failed_at: [0; crate::proto::verbs::MAX_QPS],
             attempts: [0; crate::proto::verbs::MAX_QPS],
+            drained: 0,
             flushed: [0; crate::proto::verbs::MAX_QPS],
             inbox: Vec::new(),
             mismatch: None,
@@ -482,7 +491,13 @@ impl Common {
         }
         for i in 0..n {
             let wc = self.wc[i];
-            if wc.status == IBV_WC_SUCCESS || wc.wr_id >> KIND_SHIFT == KIND_DRAIN {
+            if wc.wr_id >> KIND_SHIFT == KIND_DRAIN {
+                // A failover's marker (flushed): its queue is drained. Nothing for the caller.
+                self.drained |= 1 << (wc.wr_id & 0xff);
+                self.wc[i].wr_id = 0;
+                continue;
+            }
+            if wc.status == IBV_WC_SUCCESS {
                 continue;
             }
             self.wc[i].wr_id = 0;
@@ -597,6 +612,7 @@ impl Common {
         self.qdead &= !mask;
         self.failed &= !mask;
         self.peer_dead &= !mask;
+        self.drained &= !mask;
         for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
             self.flushed[q] = 0;
         }
@@ -694,15 +710,10 @@ impl Common {
                         self.inbox.drain(..len);
                         match n {
                             Notice::Mismatch(m) => self.mismatch = Some(m),
-                            // Bits beyond this comm's queue pairs mean nothing here.
-                            Notice::Fail { dead } => self.notices.push_back(Notice::Fail { dead: dead & self.all_qps() }),
-                            Notice::Resync(mut r) => {
-                                r.dead &= self.all_qps();
-                                self.notices.push_back(Notice::Resync(r));
+                            n => {
+                                let n = n.masked(self.all_qps());
+                                self.notices.push_back(n);
                             }
-                            Notice::Recover { qps } => self.notices.push_back(Notice::Recover { qps: qps & self.all_qps() }),
-                            Notice::Recovered { qps } => self.notices.push_back(Notice::Recovered { qps: qps & self.all_qps() }),
-                            Notice::NotRecovered { qps } => self.notices.push_back(Notice::NotRecovered { qps: qps & self.all_qps() }),
                         }
                         if self.notices.len() > 4096 {
                             let e = Error::remote(format!("{}: the peer sent more failover notices than this comm can act on", self.where_(0)));
@@ -882,13 +893,6 @@ impl Common {
         }
         match self.peer_state() {
             PeerState::Alive => return Ok(()),
-            PeerState::Mismatch(m) => {
-                let e = Error::usage(format!(
-                    "collective mismatch with the peer {}: a send of {} bytes with tag {} into a receive of {} bytes; every rank must run the same collectives with the same sizes",
-                    self.peer, m.send_size, m.tag, m.recv_size
-                ));
-                return Err(self.die(e));
-            }
             PeerState::Unreachable(err) => {
                 let e = Error::remote(format!(
                     "{}:{}: the peer host {} is unreachable (its out-of-band connection: {err}): it stopped answering for RIVET_TIMEOUT seconds, so it is down or the network between the hosts is broken; {outstanding} request(s) of ours outstanding",

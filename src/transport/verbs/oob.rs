@@ -2,9 +2,10 @@
 //! set up over (its handshake and metadata exchange are in [`super::Setup`]) stays open, idle, as
 //! the peer's pulse. Its end says the peer process exited, its keepalive timeout that the host
 //! stopped answering, and a sender that fails a send for a collective mismatch writes a notice
-//! on it so that the receiver reports the same cause.
+//! on it so that the receiver reports the same cause. The notices on it (mismatch, failover) are
+//! read by `Common::read_inbox`; what is here only looks at the socket's state and writes.
 
-use crate::proto::verbs::{Mismatch, NOTICE_SIZE};
+use crate::proto::verbs::Mismatch;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 pub enum PeerState {
@@ -14,19 +15,13 @@ pub enum PeerState {
     /// The out-of-band socket timed out (keepalive) or lost its route: the peer host stopped
     /// answering.
     Unreachable(std::io::Error),
-    Mismatch(Mismatch),
 }
 
-/// What the socket says of the peer now (never blocks: a peek).
+/// What the socket says of the peer now (never blocks: a peek at one byte).
 pub fn peer_state(fd: &OwnedFd) -> PeerState {
-    let mut b = [0u8; NOTICE_SIZE];
-    // SAFETY: a peek into our own buffer of NOTICE_SIZE bytes, on a socket we own.
-    let r = unsafe { libc::recv(fd.as_raw_fd(), b.as_mut_ptr() as *mut _, NOTICE_SIZE, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    if r == NOTICE_SIZE as isize {
-        if let Some(m) = Mismatch::decode(&b) {
-            return PeerState::Mismatch(m);
-        }
-    }
+    let mut b = [0u8; 1];
+    // SAFETY: a peek into our own buffer of 1 byte, on a socket we own.
+    let r = unsafe { libc::recv(fd.as_raw_fd(), b.as_mut_ptr() as *mut _, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     if r > 0 {
         return PeerState::Alive;
     }
@@ -43,9 +38,7 @@ pub fn peer_state(fd: &OwnedFd) -> PeerState {
 
 /// Tell the peer why this side fails (best effort; the socket is otherwise idle).
 pub fn notify_mismatch(fd: &OwnedFd, m: Mismatch) {
-    let b = m.encode();
-    // SAFETY: a non-blocking send of our own buffer on a socket we own.
-    unsafe { libc::send(fd.as_raw_fd(), b.as_ptr() as *const _, b.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    let _ = send_some(fd, &m.encode());
 }
 
 /// Send what the socket takes now of `b` (never blocks).

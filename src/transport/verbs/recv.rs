@@ -85,8 +85,6 @@ pub struct VerbsRecv {
     credit_at: Option<(usize, u64)>,
     /// Which queue pair carries each logical one's writes (after queue pairs failed).
     map: [u8; MAX_QPS],
-    /// Failed queue pairs whose drain marker has completed.
-    drained: u32,
     in_failover: bool,
     /// Recovery: failed queue pairs reset on this side (in RTR, receives posted), the sender
     /// asked to take them back; and when recovery was last looked at (coarse ms).
@@ -147,7 +145,6 @@ impl VerbsRecv {
             ar: c.adaptive_routing(),
             credit_at: None,
             map: std::array::from_fn(|q| q as u8),
-            drained: 0,
             in_failover: false,
             recovering: 0,
             recovery_checked: 0,
@@ -317,7 +314,6 @@ impl VerbsRecv {
             }
             self.posted_recvs[q] = self.rq;
             self.book.reset(q);
-            self.drained &= !(1 << q);
             ok |= 1 << q;
         }
         if ok != 0 {
@@ -419,8 +415,8 @@ impl VerbsRecv {
         }
         let mut wait = Drain::new(new);
         loop {
-            let moved = self.drained & new != new && self.progress()?;
-            if wait.done(&mut self.c, self.drained, moved)? {
+            let moved = wait.waiting(&self.c) && self.progress()?;
+            if wait.done(&mut self.c, moved)? {
                 break;
             }
         }
@@ -621,7 +617,6 @@ impl VerbsRecv {
                         }
                     }
                 }
-                KIND_DRAIN => self.drained |= 1 << (wc.wr_id & 0xff),
                 KIND_FLUSH => {
                     if wc.status != IBV_WC_SUCCESS {
                         // Its member failed over (Common::poll): a new flush queue pair is made

@@ -69,8 +69,6 @@ pub struct VerbsSend {
     /// failed queue pairs whose loss the receiver's account has been applied for.
     map: [u8; MAX_QPS],
     synced: u32,
-    /// Failed queue pairs whose drain marker has completed.
-    drained: u32,
     in_failover: bool,
     /// Logical queue pairs wait to move back to a queue pair taken back (a part of theirs is
     /// half posted where they are).
@@ -136,7 +134,6 @@ impl VerbsSend {
             ready: vec![0; SEND_REQS].into_boxed_slice(),
             map: std::array::from_fn(|q| q as u8),
             synced: 0,
-            drained: 0,
             in_failover: false,
             switching: false,
             part_qp: vec![[0; MAX_QPS]; SEND_REQS].into_boxed_slice(),
@@ -383,7 +380,6 @@ impl VerbsSend {
                     self.eng.on_completion((wc.wr_id & REQ_MASK) as u16, ((wc.wr_id >> PART_SHIFT) & 0xf) as usize);
                 }
                 KIND_CTRL => self.book.retire(wc.wr_id),
-                KIND_DRAIN => self.drained |= 1 << (wc.wr_id & 0xff),
                 _ => {}
             }
         }
@@ -481,7 +477,6 @@ impl VerbsSend {
                 Err(e) => log::warn!("NET/rivet: {}: taking queue pair {q} back failed: {e}", self.c.where_(0)),
             }
             self.book.reset(q);
-            self.drained &= !(1 << q);
         }
         self.c.taken_back(ok);
         self.synced &= !ok;
@@ -545,8 +540,8 @@ impl VerbsSend {
         }
         let mut wait = Drain::new(mask);
         loop {
-            let moved = self.drained & mask != mask && self.progress()?;
-            if wait.done(&mut self.c, self.drained, moved)? {
+            let moved = wait.waiting(&self.c) && self.progress()?;
+            if wait.done(&mut self.c, moved)? {
                 return Ok(());
             }
         }
