@@ -123,6 +123,21 @@ pub const VARS: &[Var] = &[
         meaning: "Partition key index (0-65535) of the queue pairs.",
     },
     Var {
+        name: "NCCL_IB_MQP_RETRY_ALL",
+        default: "0",
+        meaning: "1: retry a failing ibv_modify_qp (a queue pair's state change during connection setup) whatever its error; 0: only when it fails with ETIMEDOUT, as large RoCE jobs see while the NIC's firmware is busy (net_ib's meaning).",
+    },
+    Var {
+        name: "NCCL_IB_MQP_RETRY_CNT",
+        default: "34",
+        meaning: "Retries (0-1000) of a failing ibv_modify_qp before the connection fails (net_ib's meaning).",
+    },
+    Var {
+        name: "NCCL_IB_MQP_RETRY_SLEEP_MSEC",
+        default: "100",
+        meaning: "Milliseconds (0-60000) before the first retry of ibv_modify_qp; retry n waits n times this (net_ib's meaning: 34 retries wait about 60 s in all).",
+    },
+    Var {
         name: "NCCL_IB_QPS_PER_CONNECTION",
         default: "1",
         meaning: "Queue pairs per connection (1-16), NCCL's default; each message above the eager limit is split across them in 128-byte-aligned chunks. More spread a connection over ECMP paths (on Soft-RoCE, its work over CPUs: docs/benchmarks.md), at a queue pair and its queues' memory each. On a fused device, per member (of the larger side).",
@@ -234,6 +249,7 @@ pub struct Config {
     pub ib_sl: Option<u8>,
     pub ib_fifo_tc: Option<u8>,
     pub ib_pkey: u16,
+    pub ib_mqp_retry: crate::transport::verbs::res::MqpRetry,
     pub ib_qps: usize,
     pub ib_merge_nics: bool,
     pub ib_failover: bool,
@@ -410,6 +426,11 @@ impl Config {
             ib_sl: opt_int_var(get, "NCCL_IB_SL", 0, 15, "unset").map(|v| v as u8),
             ib_fifo_tc: opt_int_var(get, "NCCL_IB_FIFO_TC", 0, 255, "unset").map(|v| v as u8),
             ib_pkey: int_var(get, "NCCL_IB_PKEY", 0, 65535) as u16,
+            ib_mqp_retry: crate::transport::verbs::res::MqpRetry {
+                all: int_var(get, "NCCL_IB_MQP_RETRY_ALL", 0, 1) == 1,
+                count: int_var(get, "NCCL_IB_MQP_RETRY_CNT", 0, 1000) as u32,
+                sleep_ms: int_var(get, "NCCL_IB_MQP_RETRY_SLEEP_MSEC", 0, 60_000),
+            },
             ib_qps: int_var(get, "NCCL_IB_QPS_PER_CONNECTION", 1, 16) as usize,
             ib_merge_nics: int_var(get, "NCCL_IB_MERGE_NICS", 0, 1) == 1,
             ib_failover: int_var(get, "NCCL_IB_RESILIENCY_PORT_FAILOVER", 0, 1) == 1,

@@ -187,20 +187,70 @@ pub struct QpRtr(Qp);
 /// ```
 pub struct QpRts(Qp);
 
+/// NCCL_IB_MQP_RETRY_*: how a failing `ibv_modify_qp` is tried again (net_ib's meaning). Large
+/// RoCE jobs see ETIMEDOUT from it while the NIC's firmware is busy setting up thousands of
+/// queue pairs; trying again, later each time, gets through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MqpRetry {
+    /// Retry whatever the error; otherwise only ETIMEDOUT.
+    pub all: bool,
+    /// Retries after the first try.
+    pub count: u32,
+    /// Retry n waits n times this.
+    pub sleep_ms: u64,
+}
+
+impl MqpRetry {
+    /// Run `call` (returning 0 or an errno) until it succeeds, fails with an error not to retry,
+    /// or has been retried `count` times; retry n first passes n × `sleep_ms` to `sleep`.
+    /// Returns the last result and the retries made.
+    pub fn run(&self, mut call: impl FnMut() -> c_int, mut sleep: impl FnMut(std::time::Duration)) -> (c_int, u32) {
+        let mut retries = 0;
+        loop {
+            let rc = call();
+            if rc == 0 || retries >= self.count || !(self.all || rc == libc::ETIMEDOUT) {
+                return (rc, retries);
+            }
+            retries += 1;
+            sleep(std::time::Duration::from_millis(self.sleep_ms.saturating_mul(retries as u64)));
+        }
+    }
+}
+
 fn modify(qp: &Qp, attr: &mut ibv_qp_attr, mask: u32, what: &str, port: &IbPort) -> Result<()> {
-    // SAFETY: `modify_qp` is ibv_modify_qp, resolved with the C signature declared in Verbs; qp.raw
-    // is live (Qp destroys it only in Drop, and it is borrowed here), and `attr` is an exclusive
-    // reference to an initialised ibv_qp_attr. ibv_modify_qp(3) reads the fields selected by
-    // `mask`, all of which the callers set.
-    let rc = unsafe { (v().modify_qp)(qp.raw, attr, mask as c_int) };
+    let retry = crate::config::get().ib_mqp_retry;
+    let (rc, retries) = retry.run(
+        // SAFETY: `modify_qp` is ibv_modify_qp, resolved with the C signature declared in Verbs;
+        // qp.raw is live (Qp destroys it only in Drop, and it is borrowed here), and `attr` is an
+        // exclusive reference to an initialised ibv_qp_attr. ibv_modify_qp(3) reads the fields
+        // selected by `mask`, all of which the callers set, and on failure leaves the queue pair
+        // as it was, so the same call may be made again.
+        || unsafe { (v().modify_qp)(qp.raw, attr, mask as c_int) },
+        |pause| {
+            log::info!(
+                "NET/rivet: {}:{}: moving QP {} to {what} timed out; retrying in {} ms (NCCL_IB_MQP_RETRY_CNT={}, NCCL_IB_MQP_RETRY_SLEEP_MSEC={})",
+                port.dev.name,
+                port.port,
+                qp.qpn(),
+                pause.as_millis(),
+                retry.count,
+                retry.sleep_ms
+            );
+            std::thread::sleep(pause)
+        },
+    );
     if rc != 0 {
+        let after = if retries > 0 { format!(" (after {retries} retries: NCCL_IB_MQP_RETRY_CNT)") } else { String::new() };
         return Err(Error::system(format!(
-            "{}:{}: moving QP {} to {what} failed: {}",
+            "{}:{}: moving QP {} to {what} failed: {}{after}",
             port.dev.name,
             port.port,
             qp.qpn(),
             std::io::Error::from_raw_os_error(rc)
         )));
+    }
+    if retries > 0 {
+        log::info!("NET/rivet: {}:{}: QP {} reached {what} after {retries} retries", port.dev.name, port.port, qp.qpn());
     }
     Ok(())
 }
@@ -558,3 +608,41 @@ unsafe impl Send for QpRts {}
 unsafe impl Send for Mr {}
 // SAFETY: a heap allocation owned alone, freed in Drop.
 unsafe impl Send for HostBuf {}
+
+#[cfg(test)]
+mod tests {
+    use super::MqpRetry;
+    use std::time::Duration;
+
+    /// Results to return in turn, the sleeps asked for, and what `run` gave back.
+    fn drive(r: MqpRetry, results: &[i32]) -> (i32, u32, Vec<u64>, usize) {
+        let mut calls = 0;
+        let mut sleeps = Vec::new();
+        let (rc, retries) = r.run(
+            || {
+                calls += 1;
+                results[(calls - 1).min(results.len() - 1)]
+            },
+            |d: Duration| sleeps.push(d.as_millis() as u64),
+        );
+        (rc, retries, sleeps, calls)
+    }
+
+    #[test]
+    fn modify_qp_is_retried_on_etimedout_with_growing_sleeps() {
+        let r = MqpRetry { all: false, count: 34, sleep_ms: 100 };
+        let t = libc::ETIMEDOUT;
+        assert_eq!(drive(r, &[0]), (0, 0, vec![], 1));
+        assert_eq!(drive(r, &[t, t, t, 0]), (0, 3, vec![100, 200, 300], 4));
+        // Other errors fail at once unless NCCL_IB_MQP_RETRY_ALL.
+        assert_eq!(drive(r, &[libc::EINVAL]), (libc::EINVAL, 0, vec![], 1));
+        assert_eq!(drive(r, &[t, libc::EINVAL, 0]), (libc::EINVAL, 1, vec![100], 2));
+        let all = MqpRetry { all: true, ..r };
+        assert_eq!(drive(all, &[libc::EINVAL, libc::EBUSY, 0]), (0, 2, vec![100, 200], 3));
+        // At most `count` retries: count + 1 tries, sleeping 1..=count times the base.
+        let (rc, retries, sleeps, calls) = drive(r, &[t]);
+        assert_eq!((rc, retries, calls), (t, 34, 35));
+        assert_eq!(sleeps.iter().sum::<u64>(), 100 * 34 * 35 / 2);
+        assert_eq!(drive(MqpRetry { count: 0, ..r }, &[t]), (t, 0, vec![], 1));
+    }
+}
