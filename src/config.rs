@@ -73,6 +73,11 @@ pub const VARS: &[Var] = &[
         meaning: "RDMA ports to use: comma-separated `device[:port]` prefixes (`mlx5_0:1,mlx5_1`); `^` excludes the listed ones; `=` matches exact device names.",
     },
     Var {
+        name: "NCCL_IB_DEVICE_PCI_ORDER",
+        default: "1",
+        meaning: "1: number the RDMA ports by PCI path (then device name and port), so every node of a cluster numbers its NICs alike; 0: in libibverbs' order (net_ib's meaning).",
+    },
+    Var {
         name: "NCCL_IB_GID_INDEX",
         default: "auto",
         meaning: "RoCE GID index. auto: the first GID of family NCCL_IB_ADDR_FAMILY within NCCL_IB_ADDR_RANGE, skipping empty and link-local entries, of RoCE version NCCL_IB_ROCE_VERSION_NUM where there is one.",
@@ -239,6 +244,7 @@ pub struct Config {
     pub timeout_secs: u64,
     pub ib_disable: bool,
     pub ib_hca: Option<String>,
+    pub ib_device_pci_order: bool,
     pub ib_gid_index: Option<u32>,
     pub ib_addr_family: i32,
     pub ib_addr_range: Option<(std::net::IpAddr, u8)>,
@@ -416,6 +422,7 @@ impl Config {
             timeout_secs: int_var(get, "RIVET_TIMEOUT", 1, 3600),
             ib_disable: int_var(get, "NCCL_IB_DISABLE", 0, 1) == 1,
             ib_hca: get("NCCL_IB_HCA"),
+            ib_device_pci_order: int_var(get, "NCCL_IB_DEVICE_PCI_ORDER", 0, 1) == 1,
             ib_gid_index: opt_int_var(get, "NCCL_IB_GID_INDEX", 0, 1023, "auto").map(|v| v as u32),
             ib_addr_family: ib_family_var(get),
             ib_addr_range: range_var(get),

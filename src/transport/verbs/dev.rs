@@ -403,15 +403,12 @@ pub fn discover(cfg: &Config) -> std::result::Result<Vec<IbPort>, String> {
     if ports.is_empty() {
         return Err(format!("no usable RDMA port: {}", notes.join("; ")));
     }
-    // Same order on every node: by PCI path, then name and port.
-    ports.sort_by(|a, b| {
-        (a.dev.pci_path.is_none(), &a.dev.pci_path, &a.dev.name, a.port).cmp(&(
-            b.dev.pci_path.is_none(),
-            &b.dev.pci_path,
-            &b.dev.name,
-            b.port,
-        ))
-    });
+    // Same order on every node: by PCI path, then name and port (NCCL_IB_DEVICE_PCI_ORDER=0:
+    // libibverbs' order, as net_ib).
+    let keys: Vec<_> = ports.iter().map(|p| (p.dev.pci_path.clone(), p.dev.name.clone(), p.port)).collect();
+    let order = device_order(&keys, cfg.ib_device_pci_order);
+    let mut slots: Vec<Option<IbPort>> = ports.into_iter().map(Some).collect();
+    let mut ports: Vec<IbPort> = order.iter().map(|&i| slots[i].take().expect("a permutation")).collect();
     for n in notes {
         log::info!("NET/rivet: {n}");
     }
@@ -427,6 +424,20 @@ pub fn discover(cfg: &Config) -> std::result::Result<Vec<IbPort>, String> {
         }
     }
     Ok(ports)
+}
+
+/// The order NCCL numbers the ports in, as indices into `keys` (PCI path, device name, port) in
+/// libibverbs' order: sorted by PCI path (none last), then name and port, so that every node of a
+/// cluster numbers its NICs the same way; `by_pci` false keeps libibverbs' order.
+pub fn device_order(keys: &[(Option<String>, String, u8)], by_pci: bool) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..keys.len()).collect();
+    if by_pci {
+        idx.sort_by(|&a, &b| {
+            let (ka, kb) = (&keys[a], &keys[b]);
+            (ka.0.is_none(), &ka.0, &ka.1, ka.2).cmp(&(kb.0.is_none(), &kb.0, &kb.1, kb.2))
+        });
+    }
+    idx
 }
 
 fn open_device(
@@ -586,5 +597,24 @@ pub fn page_size() -> usize {
         p as usize
     } else {
         4096
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_order;
+
+    #[test]
+    fn ports_are_numbered_by_pci_path_unless_told_not_to() {
+        let k = |p: Option<&str>, n: &str, port: u8| (p.map(String::from), n.to_string(), port);
+        // libibverbs' order: by name, and a device with no PCI path (a software device) first.
+        let keys = vec![
+            k(None, "rxe0", 1),
+            k(Some("/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0"), "mlx5_0", 1),
+            k(Some("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.1"), "mlx5_1", 2),
+            k(Some("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.1"), "mlx5_1", 1),
+        ];
+        assert_eq!(device_order(&keys, true), vec![3, 2, 1, 0]);
+        assert_eq!(device_order(&keys, false), vec![0, 1, 2, 3]);
     }
 }
