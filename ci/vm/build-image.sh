@@ -183,7 +183,8 @@ mkdir -p "$S" "$R"
 MODS_BASE=(crypto/crc32_generic arch/x86/crypto/crc32-pclmul
            drivers/infiniband/core/ib_core drivers/infiniband/core/ib_uverbs
            net/ipv4/udp_tunnel net/ipv6/ip6_udp_tunnel
-           drivers/infiniband/sw/rxe/rdma_rxe drivers/net/veth net/sched/sch_netem)
+           drivers/infiniband/sw/rxe/rdma_rxe drivers/net/veth net/sched/sch_netem
+           net/sched/sch_ingress net/sched/cls_u32 net/sched/act_gact)
 # Loaded by /init only when a 9p share is requested.
 MODS_9P=(drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_legacy_dev
          drivers/virtio/virtio_pci_modern_dev drivers/virtio/virtio_pci

@@ -10,15 +10,21 @@ unsafe extern "C" fn init(logger: ncclDebugLogger_t, _prof: ncclProfilerCallback
     boundary("init", || start(logger, 10))
 }
 
-/// The traffic class in `config` is a hint for RDMA; TCP ignores it.
+/// The traffic class in `config` (NCCL_NET_TRAFFIC_CLASS_UNDEF, -1, when the communicator set
+/// none) is the RDMA queue pairs' when NCCL_IB_TC is unset, as in v11+; TCP ignores it.
 unsafe extern "C" fn connect(
     dev: c_int,
-    _config: *mut ncclNetCommConfig_t,
+    config: *mut ncclNetCommConfig_t,
     handle: *mut c_void,
     sc: *mut *mut c_void,
-    dc: *mut *mut ncclNetDeviceHandle_t,
+    _dc: *mut *mut ncclNetDeviceHandle_t,
 ) -> ncclResult_t {
-    connect_dev(dev, handle, sc, dc)
+    super::ffi::boundary("connect", || {
+        // SAFETY: a non-NULL config is NCCL's ncclNetCommConfig_t for this connection.
+        let tc = if config.is_null() { -1 } else { unsafe { (*config).trafficClass } };
+        super::ffi::nonnull(sc, "sendComm")?;
+        super::ffi::out(sc, "sendComm", crate::plugin::connect(dev, handle, u8::try_from(tc).ok())?)
+    })
 }
 
 #[no_mangle]

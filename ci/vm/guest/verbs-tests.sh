@@ -96,6 +96,59 @@ step minqueues-staged-perf env RIVET_IB_MIN_QUEUES=1 RIVET_STAGE_HOST=1 ./rivet 
 # A staged ping-pong over verbs in which each rank waits only on its receive: staged sends must
 # move on from the receive comm's calls; then streaming with partial (pipelined) rendezvous sends.
 step staged-perf env RIVET_STAGE_HOST=1 ./rivet perf --lib $LIB --dev 0,1 --sizes 64K,4M --bytes 16M --lat-iters 50
+# QoS reaches the wire: rxe copies a queue pair's traffic class into the IP header's DS field, so
+# tc filters on each veth's egress count RoCE v2 packets (UDP to 4791) by TOS: 104 (NCCL_IB_TC),
+# 184 (NCCL_IB_FIFO_TC), 72 (the communicator's trafficClass), 0, and any other. Rank 0 (rxe0)
+# sends from veth0 and rank 1 (rxe1) from veth1; each rank's send comm carries data in the
+# sender's class, and its receive comm clear-to-sends and credits in the FIFO class.
+qos_filters() {
+  for _d in veth0 veth1; do
+    /usr/bin/tc qdisc del dev $_d clsact 2>/dev/null
+    /usr/bin/tc qdisc add dev $_d clsact || return 1
+    _pref=1
+    for _tos in 104 184 72 0; do
+      /usr/bin/tc filter add dev $_d egress pref $_pref protocol ip u32 match ip protocol 17 0xff \
+        match ip dport 4791 0xffff match ip dsfield $_tos 0xff action pass || return 1
+      _pref=$((_pref + 1))
+    done
+    /usr/bin/tc filter add dev $_d egress pref 9 protocol ip u32 match ip protocol 17 0xff match ip dport 4791 0xffff action pass || return 1
+  done
+}
+# "veth0: 104=N 184=N 72=N 0=N other=N": packets each filter counted.
+qos_counts() {
+  /usr/bin/tc -s filter show dev $1 egress | awk -v d=$1 '
+    / pref [0-9]+ / { for (i = 1; i < NF; i++) if ($i == "pref") cur = $(i + 1) }
+    /Sent [0-9]+ bytes [0-9]+ pkt/ { for (i = 1; i < NF; i++) if ($i == "bytes") n[cur] += $(i + 1) }
+    END { printf "%s: 104=%d 184=%d 72=%d 0=%d other=%d\n", d, n[1], n[2], n[3], n[4], n[9] }'
+}
+# qos_run "EXPECTED" ENV/ARGS...: one short rivet perf, then each veth's counts must be nonzero
+# exactly for the TOS values in EXPECTED (space-separated).
+qos_run() {
+  _want=$1; shift
+  qos_filters || { echo "tc filters could not be set up"; return 1; }
+  env "$@" --lib $LIB --dev 0,1 --sizes 64K --bytes 4M --lat-iters 50 > /tmp/qos.log 2>&1 || { cat /tmp/qos.log; return 1; }
+  for _d in veth0 veth1; do
+    _c=$(qos_counts $_d)
+    echo "# $* -> $_c"
+    for _k in 104 184 72 0 other; do
+      _n=$(echo "$_c" | sed -n "s/.* $_k=\([0-9]*\).*/\1/p")
+      case " $_want " in
+        *" $_k "*) [ "$_n" -gt 0 ] || { echo "$_d: no RoCE packet with TOS $_k"; return 1; } ;;
+        *) [ "$_n" = 0 ] || { echo "$_d: $_n RoCE packets with TOS $_k, which this run should not send"; return 1; } ;;
+      esac
+    done
+  done
+}
+qos() {
+  qos_run "0" ./rivet perf || return 1
+  qos_run "104 184" NCCL_IB_TC=104 NCCL_IB_FIFO_TC=184 ./rivet perf || return 1
+  qos_run "104" NCCL_IB_TC=104 ./rivet perf || return 1
+  qos_run "72" ./rivet perf --traffic-class 72 || return 1
+  qos_run "72" ./rivet perf --abi 10 --traffic-class 72 || return 1
+  qos_run "104" NCCL_IB_TC=104 ./rivet perf --traffic-class 72 || return 1
+  for _d in veth0 veth1; do /usr/bin/tc qdisc del dev $_d clsact; done
+}
+step qos qos
 step badrkey ./conformance --lib $LIB --api 12 --dev 0 --dev2 1 --case badrkey
 # A receiver 2.5 x RIVET_TIMEOUT late (alive, not calling the plugin) gets 4 x 16 MiB intact:
 # the sender waits for its clear-to-send, the out-of-band socket stays up, RNR retries forever.

@@ -66,6 +66,10 @@ pub struct LibOpt {
     /// The ncclNet table version to drive it through (6-12) [default: the newest it exports]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(6..=12))]
     pub abi: Option<u32>,
+    /// The communicator's traffic class handed to the plugin (v10: connect's config; v11+:
+    /// init's), as NCCL passes NCCL_IB_TC-like per-communicator QoS [default: undefined, -1]
+    #[arg(long = "traffic-class", value_name = "TC", value_parser = clap::value_parser!(u8))]
+    pub traffic_class: Option<u8>,
 }
 
 /// Options every multi-process mode takes.
@@ -140,10 +144,10 @@ fn run(cli: Cli) -> Res<i32> {
             let mut full = vec!["rivet".to_string()];
             full.extend(p.argv);
             let inner = Cli::try_parse_from(full).map_err(|e| format!("peer: {e}"))?;
-            net::set_abi(match &inner.cmd {
-                Cmd::Perf(o) => o.common.lib.abi,
-                Cmd::Allreduce(o) => o.common.lib.abi,
-                Cmd::Soak(o) => o.common.lib.abi,
+            net::set_opts(match &inner.cmd {
+                Cmd::Perf(o) => Some(&o.common.lib),
+                Cmd::Allreduce(o) => Some(&o.common.lib),
+                Cmd::Soak(o) => Some(&o.common.lib),
                 _ => None,
             });
             let wrong = match inner.cmd {
@@ -221,7 +225,7 @@ fn run(cli: Cli) -> Res<i32> {
         }
         Cmd::Info(l) => {
             let lib = net::find_library(l.lib.as_deref())?;
-            net::set_abi(l.abi);
+            net::set_opts(Some(&l));
             let n = net::Net::load(&lib)?;
             println!("library: {}", std::fs::canonicalize(&n.path).unwrap_or(n.path.clone()).display());
             println!("plugin: {} through ncclNetPlugin_v{}", n.name(), n.version());

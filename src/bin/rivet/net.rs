@@ -77,14 +77,20 @@ impl std::ops::Deref for Props {
 
 /// The ncclNet version `--abi` asked for (None: the newest the plugin exports), set once by
 /// `main` for every process of a run (the peers parse the same command line).
-static ABI: OnceLock<Option<u32>> = OnceLock::new();
+/// `--abi` and `--traffic-class`, set once per process.
+static OPTS: OnceLock<(Option<u32>, Option<u8>)> = OnceLock::new();
 
-pub fn set_abi(v: Option<u32>) {
-    let _ = ABI.set(v);
+pub fn set_opts(l: Option<&crate::LibOpt>) {
+    let _ = OPTS.set(l.map_or((None, None), |l| (l.abi, l.traffic_class)));
 }
 
 fn abi() -> Option<u32> {
-    ABI.get().copied().flatten()
+    OPTS.get().and_then(|o| o.0)
+}
+
+/// The communicator config the plugin gets: `--traffic-class`, else undefined (-1).
+fn comm_config() -> ncclNetCommConfig_t {
+    ncclNetCommConfig_t { trafficClass: OPTS.get().and_then(|o| o.1).map_or(-1, i32::from) }
 }
 
 /// The logger handed to a plugin's init. A C-variadic function cannot be defined in stable Rust;
@@ -131,7 +137,7 @@ impl Net {
         // library loaded as long as it lives.
         let found = table::find(&lib, path, abi())?;
         let mut ctx = std::ptr::null_mut();
-        let mut cfg = ncclNetCommConfig_t { trafficClass: -1 };
+        let mut cfg = comm_config();
         // Plugins call the logger without checking it, as NCCL always passes one. rivet, given
         // none, writes its own lines to stderr, formatted and at NCCL_DEBUG's level (which this
         // logger, unable to format, could not do for it).
@@ -245,7 +251,7 @@ impl Net {
                     continue;
                 }
                 let (mut dc, hp) = (std::ptr::null_mut(), peer.as_mut_ptr() as *mut c_void);
-                let mut cfg = ncclNetCommConfig_t { trafficClass: -1 };
+                let mut cfg = comm_config();
                 // SAFETY: see `load`; `peer` is a 128-byte handle, the same buffer each call.
                 let r = unsafe {
                     match self.t.connect {
