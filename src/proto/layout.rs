@@ -117,10 +117,10 @@ pub mod msg {
     const _: () = assert!(fits(&[MAGIC, SEQ, LEN, TAG, RESERVED], SIZE));
 }
 
-/// The 384-byte metadata each side of a verbs connection sends once.
+/// The 640-byte metadata each side of a verbs connection sends once.
 pub mod meta {
     use super::{f, fits, F};
-    pub const SIZE: usize = 384;
+    pub const SIZE: usize = 640;
     pub const MAGIC: F = f(0, 4);
     pub const VERSION: F = f(4, 2);
     pub const LENGTH: F = f(6, 2);
@@ -148,10 +148,30 @@ pub mod meta {
     pub const RESERVED: F = f(159, 1);
     /// Members 1..8, 32 bytes each: GID, LID, port, MTU and the FIFO's and ring's keys there.
     pub const EXTRA: F = f(160, 224);
+    /// Enhanced connection establishment, an [`ece`] block per queue pair (16 of them).
+    pub const ECE: F = f(384, 256);
     const _: () = assert!(fits(
-        &[MAGIC, VERSION, LENGTH, NQPS, LINK_LAYER, PORT, MTU, LID, TC, SL, GID, FIFO_ADDR, FIFO_RKEY, RING_RKEY, DEV_NAME, QPNS, RING_ADDR, EAGER_MAX, RING_SLOTS, MEMBERS, RESERVED, EXTRA],
+        &[MAGIC, VERSION, LENGTH, NQPS, LINK_LAYER, PORT, MTU, LID, TC, SL, GID, FIFO_ADDR, FIFO_RKEY, RING_RKEY, DEV_NAME, QPNS, RING_ADDR, EAGER_MAX, RING_SLOTS, MEMBERS, RESERVED, EXTRA, ECE],
         SIZE
     ));
+    /// Queue pair `q`'s ECE block: `struct ibv_ece`'s three words and whether they are set (the
+    /// sender: its queue pair's ECE, queried; the receiver: the ECE it accepted, reduced).
+    pub mod ece {
+        use super::super::{f, fits, F};
+        pub const SIZE: usize = 16;
+        pub const VENDOR_ID: F = f(0, 4);
+        pub const OPTIONS: F = f(4, 4);
+        pub const COMP_MASK: F = f(8, 4);
+        /// 1: supported (the words are meaningful); 0: not.
+        pub const SUPPORTED: F = f(12, 1);
+        pub const RESERVED: F = f(13, 3);
+        const _: () = assert!(fits(&[VENDOR_ID, OPTIONS, COMP_MASK, SUPPORTED, RESERVED], SIZE));
+        const _: () = assert!(16 * SIZE == super::ECE.len);
+        /// Field `x` of queue pair `q`'s block.
+        pub const fn at(q: usize, x: F) -> F {
+            f(super::ECE.off + q * SIZE + x.off, x.len)
+        }
+    }
     /// The block of member `m` (1..8), and its fields.
     pub mod member {
         use super::super::{f, fits, F};

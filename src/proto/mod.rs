@@ -11,7 +11,7 @@ use layout::{get, get_u16, get_u32, get_u64, get_u8, put, put_u16, put_u32, put_
 pub const HANDLE_SIZE: usize = layout::handle::SIZE;
 const HANDLE_MAGIC: u32 = 0x5256_4e54; // "RVNT"
 /// Bumped whenever a wire format changes: ranks must run one rivet build.
-pub const PROTO_VERSION: u8 = 6;
+pub const PROTO_VERSION: u8 = 7;
 /// Requests NCCL keeps in flight per comm at most (NCCL_NET_MAX_REQUESTS, checked against the
 /// ABI's constant in `abi::types`): what the request slots of every transport are sized for.
 pub const NCCL_INFLIGHT: usize = 32;

@@ -41,6 +41,17 @@ pub struct Meta {
     pub eager_max: u32,
     /// Members 1.. of a fused device (the fields above describe member 0).
     pub extra: Vec<MemberMeta>,
+    /// Per queue pair (as many as `qpns`, or none): its ECE, None where unsupported.
+    pub ece: Vec<Option<Ece>>,
+}
+
+/// `struct ibv_ece`: a queue pair's enhanced connection establishment options (vendor id,
+/// option bits, comp_mask), as `ibv_query_ece` gives them and `ibv_set_ece` takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ece {
+    pub vendor_id: u32,
+    pub options: u32,
+    pub comp_mask: u32,
 }
 
 /// What a connection needs of each further member of a fused device: its address, and the keys of
@@ -135,6 +146,14 @@ impl Meta {
             put_u32(&mut b, at(member::FIFO_RKEY), x.fifo_rkey);
             put_u32(&mut b, at(member::RING_RKEY), x.ring_rkey);
         }
+        for (q, e) in self.ece.iter().take(MAX_QPS).enumerate() {
+            if let Some(e) = e {
+                put_u32(&mut b, ece::at(q, ece::VENDOR_ID), e.vendor_id);
+                put_u32(&mut b, ece::at(q, ece::OPTIONS), e.options);
+                put_u32(&mut b, ece::at(q, ece::COMP_MASK), e.comp_mask);
+                put_u8(&mut b, ece::at(q, ece::SUPPORTED), 1);
+            }
+        }
         b
     }
 
@@ -216,6 +235,15 @@ impl Meta {
             ring_slots,
             eager_max,
             extra,
+            ece: (0..nqps as usize)
+                .map(|q| {
+                    (get_u8(b, ece::at(q, ece::SUPPORTED)) == 1).then(|| Ece {
+                        vendor_id: get_u32(b, ece::at(q, ece::VENDOR_ID)),
+                        options: get_u32(b, ece::at(q, ece::OPTIONS)),
+                        comp_mask: get_u32(b, ece::at(q, ece::COMP_MASK)),
+                    })
+                })
+                .collect(),
         })
     }
 }
@@ -613,6 +641,7 @@ mod tests {
             ring_slots: 32,
             eager_max: 8192,
             extra: Vec::new(),
+            ece: vec![None, None],
         }
     }
 
@@ -627,6 +656,14 @@ mod tests {
         let d = Meta::decode(&f.encode()).unwrap();
         assert_eq!(d, f);
         assert_eq!((d.members(), d.member(0).fifo_rkey, d.member(3).ring_rkey, d.member(7).gid), (8, 0xabcd, 203, [7; 16]));
+        // ECE per queue pair: set on one, unsupported on the other; all 16 blocks fit.
+        let mut e = meta();
+        e.ece = vec![None, Some(Ece { vendor_id: 0x15b3, options: 0x3000_0001, comp_mask: 0 })];
+        assert_eq!(Meta::decode(&e.encode()).unwrap(), e);
+        e.nqps = 16;
+        e.qpns = (1..=16).collect();
+        e.ece = (0..16).map(|i| (i % 3 != 0).then_some(Ece { vendor_id: i, options: !i, comp_mask: 0 })).collect();
+        assert_eq!(Meta::decode(&e.encode()).unwrap(), e);
     }
 
     #[test]

@@ -149,6 +149,20 @@ qos() {
   for _d in veth0 veth1; do /usr/bin/tc qdisc del dev $_d clsact; done
 }
 step qos qos
+# ECE (NCCL_IB_ECE_ENABLE): rxe has none (ibv_query_ece answers EOPNOTSUPP), so each process
+# says so once for its device, at INFO, and connects without it; with ECE off nothing is asked.
+ece() {
+  NCCL_DEBUG=INFO ./rivet perf --lib $LIB --dev 0,1 --sizes 64K --bytes 4M --lat-iters 20 > /tmp/ece.log 2>&1 || { cat /tmp/ece.log; return 1; }
+  grep "enhanced connection establishment" /tmp/ece.log | sed 's/^/# /'
+  for _d in rxe0 rxe1; do
+    [ "$(grep -c "$_d: no enhanced connection establishment (ECE) (ibv_query_ece: not supported)" /tmp/ece.log)" = 1 ] || { echo "$_d's lack of ECE was not logged exactly once"; return 1; }
+  done
+  grep -q "ECE 0x" /tmp/ece.log && { echo "a connection claims an ECE on rxe"; return 1; }
+  NCCL_IB_ECE_ENABLE=0 NCCL_DEBUG=INFO ./rivet perf --lib $LIB --dev 0,1 --sizes 64K --bytes 4M --lat-iters 20 > /tmp/ece.log 2>&1 || { cat /tmp/ece.log; return 1; }
+  grep -q "enhanced connection establishment" /tmp/ece.log && { echo "ECE was asked for with NCCL_IB_ECE_ENABLE=0"; return 1; }
+  return 0
+}
+step ece ece
 step badrkey ./conformance --lib $LIB --api 12 --dev 0 --dev2 1 --case badrkey
 # A receiver 2.5 x RIVET_TIMEOUT late (alive, not calling the plugin) gets 4 x 16 MiB intact:
 # the sender waits for its clear-to-send, the out-of-band socket stays up, RNR retries forever.

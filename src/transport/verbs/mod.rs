@@ -10,6 +10,7 @@ pub mod conn;
 pub mod dev;
 pub mod device;
 pub mod eager;
+pub mod ece;
 pub mod fuse;
 pub mod mr;
 pub mod oob;
@@ -96,6 +97,11 @@ pub struct Setup {
     nqps: usize,
     tc: u8,
     sl: u8,
+    /// What our metadata says (the receiver's ECE replies are added once its queue pairs are
+    /// connected, and `out` encoded again).
+    meta: Option<Meta>,
+    /// ECE per queue pair: the sender's offer; then what each runs with (both sides).
+    ece: Vec<Option<crate::proto::verbs::Ece>>,
     deadline: Instant,
     timeout: Duration,
     /// Polls that found nothing to do (the deadline is looked at every LATE_EVERY of them).
@@ -156,6 +162,8 @@ impl Setup {
             nqps,
             tc: 0,
             sl: 0,
+            meta: None,
+            ece: Vec::new(),
             deadline: Instant::now() + timeout,
             timeout,
             idle_polls: 0,
@@ -187,6 +195,8 @@ impl Setup {
             let (remote, [fifo]) = RegBuf::carve(&devs, [fifo_len], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
             let (local, [sizes_out, hdrs]) = RegBuf::carve(&devs, [FIFO_DEPTH * SIZES_ENTRY, conn::HDRS_BYTES], 0)?;
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
+            let mut on = res::EceOn { qps: qps.iter().enumerate().map(|(i, q)| (q.qp(), ps[fuse::member_of(i, ln)])).collect() };
+            self.ece = ece::offer(&mut on, nq, cfg.ib_ece).map_err(|f| self.ece_failed(f))?;
             let keys: [u32; MAX_MEMBERS] = std::array::from_fn(|m| if m < ln { fifo.rkey_on(m) } else { 0 });
             (Local::Send { qps, cqs, mem: [remote, local], parts: send::Parts { fifo, sizes_out, hdrs } }, (fifo.addr(), keys), qpns)
         } else {
@@ -240,10 +250,24 @@ impl Setup {
             ring_slots,
             eager_max,
             extra,
+            ece: self.ece.clone(),
         };
         self.out = m.encode();
+        self.meta = Some(m);
         self.local = Some(local);
         Ok(())
+    }
+
+    /// A failed ECE call, as the connection's error.
+    fn ece_failed(&self, f: ece::Failed) -> Error {
+        Error::system(format!(
+            "RDMA setup with {}: {} on queue pair {} of {} failed: {} (NCCL_IB_ECE_ENABLE=0 on the connecting side turns ECE off)",
+            self.peer,
+            f.call,
+            f.q,
+            self.name,
+            std::io::Error::from_raw_os_error(f.errno)
+        ))
     }
 
     fn fd(&self) -> i32 {
@@ -327,6 +351,16 @@ impl Setup {
             Some(Local::Send { qps, .. } | Local::Recv { qps, .. }) => std::mem::take(qps),
             None => return Err(Error::internal("RDMA setup: no local queue pairs")),
         };
+        // ECE, before RTR: the receiver sets the sender's offer, the sender the receiver's reply.
+        let took = {
+            let mut on = res::EceOn { qps: qps.iter().enumerate().map(|(i, q)| (q.qp(), self.ports[fuse::member_of(i, ln)])).collect() };
+            if self.send {
+                self.ece = ece::apply(&mut on, &self.ece, &m.ece).map_err(|f| self.ece_failed(f))?;
+                Vec::new()
+            } else {
+                ece::accept(&mut on, &m.ece).map_err(|f| self.ece_failed(f))?
+            }
+        };
         let mut rts = Vec::with_capacity(qps.len());
         for (i, (q, &qpn)) in qps.into_iter().zip(m.qpns.iter()).enumerate() {
             let p = self.ports[fuse::member_of(i, ln)];
@@ -334,7 +368,19 @@ impl Setup {
             let remote = RemoteQp { qpn, lid: r.lid, gid: r.gid, mtu: r.mtu as u32, global: p.is_roce() || r.lid == 0 };
             let params = params(p, &r);
             rts.push(q.rtr(p, &remote, &params)?.rts(p, &params)?);
-            self.links.push(res::Link { remote, params, access: IBV_ACCESS_REMOTE_WRITE, pkey_index: cfg.ib_pkey });
+            self.links.push(res::Link { remote, params, access: IBV_ACCESS_REMOTE_WRITE, pkey_index: cfg.ib_pkey, ece: None });
+        }
+        if !self.send {
+            // After RTS: what the device made of each offer goes back to the sender.
+            let mut on = res::EceOn { qps: rts.iter().enumerate().map(|(i, q)| (q.qp(), self.ports[fuse::member_of(i, ln)])).collect() };
+            self.ece = ece::reply(&mut on, &took).map_err(|f| self.ece_failed(f))?;
+            if let Some(my) = self.meta.as_mut() {
+                my.ece = self.ece.clone();
+                self.out = my.encode();
+            }
+        }
+        for (l, e) in self.links.iter_mut().zip(&self.ece) {
+            l.ece = *e;
         }
         if !self.send {
             // Every completion the sender may trigger needs a posted receive: post them before
@@ -447,7 +493,7 @@ impl Setup {
             String::new()
         };
         log::info!(
-            "NET/rivet: {} {} over {}{} -> {} {}:{}{} with {} QP(s){}, MTU {mtu}, TC {}, SL {}{ar}",
+            "NET/rivet: {} {} over {}{} -> {} {}:{}{} with {} QP(s){}, MTU {mtu}, TC {}, SL {}{}{ar}",
             if self.send { "connected to" } else { "accepted from" },
             self.peer,
             p.describe(),
@@ -459,7 +505,8 @@ impl Setup {
             qps.len(),
             if ln > 1 || rn > 1 { " striped over the members" } else { "" },
             if self.send { self.tc } else { receiver_tc(cfg.ib_fifo_tc, p.is_roce(), m.tc) },
-            if self.send { self.sl } else { m.sl }
+            if self.send { self.sl } else { m.sl },
+            ece::describe(&self.ece)
         );
         let qpns: Vec<u32> = qps.iter().map(|q| q.qp().qpn()).collect();
         let mut c = Common::new(self.ports, self.peer, fd, &qpns);

@@ -89,6 +89,67 @@ impl Qp {
     }
 }
 
+/// errno values meaning "this device (or libibverbs) has no ECE".
+fn ece_unsupported(rc: c_int) -> bool {
+    rc == libc::EOPNOTSUPP || rc == libc::ENOTSUP
+}
+
+impl Qp {
+    /// `ibv_query_ece`: Ok(None) where ECE is unsupported (EOPNOTSUPP, or a libibverbs older than
+    /// IBVERBS_1.10), Err(errno) on any other failure.
+    pub fn query_ece(&self) -> std::result::Result<Option<crate::proto::verbs::Ece>, c_int> {
+        let Some(f) = v().query_ece else { return Ok(None) };
+        // SAFETY: ibv_ece is three u32s, so all-zero is a valid value.
+        let mut e: ibv_ece = unsafe { std::mem::zeroed() };
+        // SAFETY: `f` is ibv_query_ece, resolved with the C signature declared in Verbs; self.raw
+        // is a live QP (destroyed only in Drop) and `e` a local out-parameter.
+        match unsafe { f(self.raw, &mut e) } {
+            0 => Ok(Some(crate::proto::verbs::Ece { vendor_id: e.vendor_id, options: e.options, comp_mask: e.comp_mask })),
+            rc if ece_unsupported(rc) => Ok(None),
+            rc => Err(rc),
+        }
+    }
+
+    /// `ibv_set_ece` (the queue pair in INIT): what the device accepted; Ok(None) where ECE is
+    /// unsupported, Err(errno) on any other failure.
+    pub fn set_ece(&self, want: crate::proto::verbs::Ece) -> std::result::Result<Option<crate::proto::verbs::Ece>, c_int> {
+        let Some(f) = v().set_ece else { return Ok(None) };
+        let mut e = ibv_ece { vendor_id: want.vendor_id, options: want.options, comp_mask: want.comp_mask };
+        // SAFETY: `f` is ibv_set_ece, resolved with the C signature declared in Verbs; self.raw is a
+        // live QP and `e` a local in/out parameter.
+        match unsafe { f(self.raw, &mut e) } {
+            0 => Ok(Some(crate::proto::verbs::Ece { vendor_id: e.vendor_id, options: e.options, comp_mask: e.comp_mask })),
+            rc if ece_unsupported(rc) => Ok(None),
+            rc => Err(rc),
+        }
+    }
+}
+
+/// [`super::ece::Ops`] on queue pairs of one connection, with the device each is on (for the
+/// once-per-device note of a device without ECE).
+pub struct EceOn<'a> {
+    pub qps: Vec<(&'a Qp, &'a IbPort)>,
+}
+
+impl super::ece::Ops for EceOn<'_> {
+    fn query(&mut self, q: usize) -> std::result::Result<Option<crate::proto::verbs::Ece>, i32> {
+        let (qp, port) = self.qps[q];
+        let r = qp.query_ece();
+        if let Ok(None) = r {
+            super::ece::note_unsupported(&port.dev.name, if v().query_ece.is_none() { "libibverbs has no ibv_query_ece" } else { "ibv_query_ece: not supported" });
+        }
+        r
+    }
+    fn set(&mut self, q: usize, e: crate::proto::verbs::Ece) -> std::result::Result<Option<crate::proto::verbs::Ece>, i32> {
+        let (qp, port) = self.qps[q];
+        let r = qp.set_ece(e);
+        if let Ok(None) = r {
+            super::ece::note_unsupported(&port.dev.name, if v().set_ece.is_none() { "libibverbs has no ibv_set_ece" } else { "ibv_set_ece: not supported" });
+        }
+        r
+    }
+}
+
 impl Drop for Qp {
     fn drop(&mut self) {
         // SAFETY: self.raw came from ibv_create_qp and is destroyed exactly once, here, and not
@@ -397,6 +458,8 @@ pub struct Link {
     pub params: PathParams,
     pub access: u32,
     pub pkey_index: u16,
+    /// The ECE the queue pair was connected with (set again, as net_ib's restore does).
+    pub ece: Option<crate::proto::verbs::Ece>,
 }
 
 impl QpRts {
@@ -413,6 +476,17 @@ impl QpRts {
         a.qp_state = IBV_QPS_RESET;
         modify(&self.0, &mut a, IBV_QP_STATE, "RESET", port)?;
         to_init(&self.0, port, l.access, l.pkey_index)?;
+        if let Some(e) = l.ece {
+            self.0.set_ece(e).map_err(|rc| {
+                Error::system(format!(
+                    "{}:{}: setting ECE on QP {} again failed: {}",
+                    port.dev.name,
+                    port.port,
+                    self.0.qpn(),
+                    std::io::Error::from_raw_os_error(rc)
+                ))
+            })?;
+        }
         to_rtr(&self.0, port, &l.remote, &l.params)
     }
 
