@@ -219,8 +219,18 @@ pub const VARS: &[Var] = &[
     },
     Var {
         name: "RIVET_GDR_LEVEL",
-        default: "PXB",
-        meaning: "Farthest GPU-NIC path class GDR is used over, as NCCL_NET_GDR_LEVEL names them: LOC, PIX, PXB, PHB (NODE counts as PHB), SYS. Farther pairs use host staging.",
+        default: "auto",
+        meaning: "Farthest GPU-NIC path class GDR is used over, as NCCL_NET_GDR_LEVEL names them: LOC, PIX, PXB, P2C, PXN, PHB (NODE counts as PHB), SYS, or NCCL's numbers 0-5. Farther pairs use host staging. auto: NCCL_NET_GDR_LEVEL when it is set (one setting for NCCL and rivet), else NCCL's default, P2C (PXB with NCCL_NET_GDR_C2C=0). Set to a value other than NCCL_NET_GDR_LEVEL's, it wins for rivet, and INFO says so.",
+    },
+    Var {
+        name: "NCCL_NET_GDR_LEVEL",
+        default: "unset",
+        meaning: "NCCL's GDR distance (NCCL applies it to its own paths); rivet takes it as RIVET_GDR_LEVEL's default, with the same names and numbers.",
+    },
+    Var {
+        name: "NCCL_NET_GDR_C2C",
+        default: "1",
+        meaning: "As NCCL: 1 makes the default GDR level P2C, so that a GPU joined to its CPU by NVLink-C2C (Grace Hopper) uses GDR with a NIC on that CPU's PCIe; 0: PXB. (rivet's topology probe reads PCI paths only and does not yet recognise a C2C-attached GPU, so on such a node set RIVET_GDR=force or a level of PHB.)",
     },
     Var {
         name: "RIVET_STATS",
@@ -407,6 +417,32 @@ fn range_var(get: Getter) -> Option<(std::net::IpAddr, u8)> {
     r
 }
 
+/// RIVET_GDR_LEVEL, defaulting to NCCL_NET_GDR_LEVEL, then to NCCL's default level (P2C, or PXB
+/// with NCCL_NET_GDR_C2C=0).
+fn gdr_level_var(get: Getter) -> crate::topo::PathClass {
+    use crate::topo::PathClass;
+    const ACCEPTS: &str = "LOC, NVL, NVB, C2C, PIX, PXB, P2C, PXN, PHB, NODE, SYS or 0-5";
+    let parse = |name: &str| {
+        let s = get(name)?;
+        if s.trim().eq_ignore_ascii_case("auto") && name == "RIVET_GDR_LEVEL" {
+            return None;
+        }
+        let l = PathClass::parse_level(&s);
+        if l.is_none() {
+            log::warn!("NET/rivet: {name}={s} is invalid: it accepts {ACCEPTS}; ignoring it");
+        }
+        l
+    };
+    let (rivet, nccl) = (parse("RIVET_GDR_LEVEL"), parse("NCCL_NET_GDR_LEVEL"));
+    if let (Some(r), Some(n)) = (rivet, nccl) {
+        if r.nccl() != n.nccl() {
+            log::info!("NET/rivet: RIVET_GDR_LEVEL={r} and NCCL_NET_GDR_LEVEL={n} disagree: rivet's GDR decision uses {r} (NCCL keeps {n} for its own paths)");
+        }
+    }
+    let c2c = int_var(get, "NCCL_NET_GDR_C2C", 0, 1) == 1;
+    rivet.or(nccl).unwrap_or(if c2c { PathClass::P2c } else { PathClass::Pxb })
+}
+
 impl Config {
     pub fn from_env() -> Config {
         Self::from_env_with(&env)
@@ -467,7 +503,7 @@ impl Config {
                 "off" | "0" => Some(false),
                 _ => None,
             }),
-            gdr_level: word_var(get, "RIVET_GDR_LEVEL", "LOC, PIX, PXB, PHB, NODE or SYS", crate::topo::PathClass::parse_level),
+            gdr_level: gdr_level_var(get),
         }
     }
 
@@ -524,7 +560,7 @@ mod tests {
     fn gdr_variables() {
         use crate::topo::PathClass;
         let c = Config::from_env_with(&|_| None);
-        assert_eq!((c.gdr, c.dmabuf, c.gdr_level), (crate::gpu::gdr::Mode::Auto, true, PathClass::Pxb));
+        assert_eq!((c.gdr, c.dmabuf, c.gdr_level), (crate::gpu::gdr::Mode::Auto, true, PathClass::P2c));
         let get = |n: &str| {
             Some(match n {
                 "RIVET_GDR" => "force",
@@ -538,7 +574,20 @@ mod tests {
         assert_eq!((c.gdr, c.dmabuf, c.gdr_level), (crate::gpu::gdr::Mode::Force, false, PathClass::Sys));
         let bad = |n: &str| (n == "RIVET_GDR_LEVEL" || n == "RIVET_GDR").then(|| "far".to_string());
         let c = Config::from_env_with(&bad);
-        assert_eq!((c.gdr, c.gdr_level), (crate::gpu::gdr::Mode::Auto, PathClass::Pxb));
+        assert_eq!((c.gdr, c.gdr_level), (crate::gpu::gdr::Mode::Auto, PathClass::P2c));
+        // One setting: NCCL_NET_GDR_LEVEL is rivet's default; RIVET_GDR_LEVEL, set, wins;
+        // NCCL_NET_GDR_C2C=0 makes the default PXB, as in NCCL.
+        let level = |vars: &'static [(&'static str, &'static str)]| {
+            Config::from_env_with(&|n: &str| vars.iter().find(|v| v.0 == n).map(|v| v.1.to_string())).gdr_level
+        };
+        assert_eq!(level(&[("NCCL_NET_GDR_LEVEL", "PHB")]), PathClass::Phb);
+        assert_eq!(level(&[("NCCL_NET_GDR_LEVEL", "3")]), PathClass::Phb);
+        assert_eq!(level(&[("NCCL_NET_GDR_LEVEL", "7")]), PathClass::Sys);
+        assert_eq!(level(&[("NCCL_NET_GDR_LEVEL", "PIX"), ("RIVET_GDR_LEVEL", "SYS")]), PathClass::Sys);
+        assert_eq!(level(&[("NCCL_NET_GDR_LEVEL", "PIX"), ("RIVET_GDR_LEVEL", "auto")]), PathClass::Pix);
+        assert_eq!(level(&[("NCCL_NET_GDR_C2C", "0")]), PathClass::Pxb);
+        assert_eq!(level(&[("NCCL_NET_GDR_C2C", "0"), ("NCCL_NET_GDR_LEVEL", "C2C")]), PathClass::C2c);
+        assert_eq!(level(&[("NCCL_NET_GDR_LEVEL", "-1")]), PathClass::P2c, "invalid: ignored");
     }
 
     #[test]

@@ -23,6 +23,7 @@ const SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRelease_v2",
     "cuPointerGetAttribute",
     "cuCtxGetCurrent",
+    "cuCtxGetDevice",
     "cuCtxPushCurrent_v2",
     "cuCtxPopCurrent_v2",
     "cuStreamCreate",
@@ -177,6 +178,31 @@ pub fn gdr_attributes(ordinal: i32) -> Result<(bool, bool)> {
     let gdr = attr_i32(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, dev)? != 0;
     let dmabuf = attr_i32(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev)? != 0;
     Ok((gdr, dmabuf))
+}
+
+/// Whether the calling thread's current GPU takes dma-buf registrations: None when the thread has
+/// no current context (NCCL calls getProperties with its rank's GPU current).
+pub fn current_gpu_dmabuf() -> Option<bool> {
+    get().ok()?;
+    let mut ctx: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: cuCtxGetCurrent(CUcontext *) stores one pointer into the live local `ctx`; the
+    // driver was loaded and its symbols checked by `get()` above.
+    if unsafe { cu::cuCtxGetCurrent(&mut ctx) } != cu::CUresult::CUDA_SUCCESS || ctx.is_null() {
+        return None;
+    }
+    let mut dev: cu::CUdevice = 0;
+    // SAFETY: cuCtxGetDevice(CUdevice *) writes the current context's device to the live local
+    // `dev`; the thread has a current context (checked above).
+    if unsafe { cu::cuCtxGetDevice(&mut dev) } != cu::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    attr_i32(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev).ok().map(|v| v != 0)
+}
+
+/// Whether NCCL may hand this NIC dma-buf file descriptors, as far as the GPUs go: the current
+/// GPU's support where the caller has one, else (no current GPU) every GPU's.
+pub fn gpus_take_dmabuf(current: Option<bool>, every: impl FnOnce() -> bool) -> bool {
+    current.unwrap_or_else(every)
 }
 
 /// The GPU that owns device memory at `ptr`; an error when it is not device memory.

@@ -24,10 +24,18 @@ mod tests;
 pub enum PathClass {
     /// The same PCI function (only meaningful as a `NCCL_NET_GDR_LEVEL` value).
     Loc,
+    /// GPU and CPU joined by NVLink-C2C (Grace Hopper); as a level, NCCL's NVL, NVB and C2C,
+    /// which allow no PCI path but LOC.
+    C2c,
     /// Through at most one PCIe switch (`PIX`).
     Pix,
     /// Through several PCIe switches, without crossing the host bridge (`PXB`).
     Pxb,
+    /// A GPU joined to its CPU by C2C and a NIC on that CPU's PCIe (`P2C`): NCCL's default level
+    /// with NCCL_NET_GDR_C2C=1.
+    P2c,
+    /// Through another GPU over NVLink (`PXN`): a level only, rivet's probe never finds it.
+    Pxn,
     /// Through the CPU's PCIe host bridge: one root complex, no shared switch (`PHB`).
     Phb,
     /// Across root complexes (host bridges) of one NUMA node (`NODE`). NCCL folds this into PHB
@@ -43,8 +51,11 @@ impl PathClass {
     pub fn as_str(self) -> &'static str {
         match self {
             PathClass::Loc => "LOC",
+            PathClass::C2c => "C2C",
             PathClass::Pix => "PIX",
             PathClass::Pxb => "PXB",
+            PathClass::P2c => "P2C",
+            PathClass::Pxn => "PXN",
             PathClass::Phb => "PHB",
             PathClass::Node => "NODE",
             PathClass::Sys => "SYS",
@@ -61,17 +72,29 @@ impl PathClass {
         }
     }
 
-    /// A value as `NCCL_NET_GDR_LEVEL` accepts it: LOC, PIX, PXB, PHB, NODE, SYS (any case), or
-    /// the old integers 0-5 meaning LOC, PIX, PXB, PHB, SYS, SYS.
+    /// A value as `NCCL_NET_GDR_LEVEL` accepts it: NCCL's path names LOC, NVL, NVB, C2C, PIX,
+    /// PXB, P2C, PXN, PHB, SYS (and NODE, rivet's; any case), or the old integers 0-5 meaning
+    /// LOC, PIX, PXB, PHB, SYS, SYS (larger ones SYS too, as NCCL).
     pub fn parse_level(s: &str) -> Option<PathClass> {
         let s = s.trim();
         Some(match s.to_ascii_uppercase().as_str() {
-            "LOC" | "0" => PathClass::Loc,
-            "PIX" | "1" => PathClass::Pix,
-            "PXB" | "2" => PathClass::Pxb,
-            "PHB" | "3" => PathClass::Phb,
+            "LOC" => PathClass::Loc,
+            // Below PIX, a GPU-NIC PCI path never qualifies: C2C stands for all three.
+            "NVL" | "NVB" | "C2C" => PathClass::C2c,
+            "PIX" => PathClass::Pix,
+            "PXB" => PathClass::Pxb,
+            "P2C" => PathClass::P2c,
+            "PXN" => PathClass::Pxn,
+            "PHB" => PathClass::Phb,
             "NODE" => PathClass::Node,
-            "SYS" | "4" | "5" => PathClass::Sys,
+            "SYS" => PathClass::Sys,
+            n if n.starts_with(|c: char| c.is_ascii_digit()) => match n.parse::<u64>().ok()? {
+                0 => PathClass::Loc,
+                1 => PathClass::Pix,
+                2 => PathClass::Pxb,
+                3 => PathClass::Phb,
+                _ => PathClass::Sys,
+            },
             _ => return None,
         })
     }

@@ -140,8 +140,8 @@ fn symlinks_resolve_inside_the_root() {
 #[test]
 fn level_names_and_order() {
     use PathClass::*;
-    assert!(Loc < Pix && Pix < Pxb && Pxb < Phb && Phb < Node && Node < Sys && Sys < Unknown);
-    for c in [Loc, Pix, Pxb, Phb, Node, Sys] {
+    assert!(Loc < C2c && C2c < Pix && Pix < Pxb && Pxb < P2c && P2c < Pxn && Pxn < Phb && Phb < Node && Node < Sys && Sys < Unknown);
+    for c in [Loc, C2c, Pix, Pxb, P2c, Pxn, Phb, Node, Sys] {
         assert_eq!(PathClass::parse_level(c.as_str()), Some(c));
         assert_eq!(PathClass::parse_level(&c.as_str().to_lowercase()), Some(c));
     }
@@ -149,7 +149,10 @@ fn level_names_and_order() {
     for (i, c) in ints.into_iter().enumerate() {
         assert_eq!(PathClass::parse_level(&i.to_string()), Some(c));
     }
-    assert_eq!(PathClass::parse_level("6"), None);
+    // NCCL reads any larger number as SYS, and NVL/NVB (below C2C) as C2C does: no PCI path.
+    assert_eq!(PathClass::parse_level("6"), Some(Sys));
+    assert_eq!((PathClass::parse_level("nvl"), PathClass::parse_level("NVB")), (Some(C2c), Some(C2c)));
+    assert_eq!(PathClass::parse_level("-1"), None);
     assert_eq!(PathClass::parse_level("UNKNOWN"), None);
     assert_eq!(Node.nccl(), Phb);
     assert_eq!(Unknown.to_string(), "UNKNOWN");

@@ -243,14 +243,19 @@ impl Transport for VerbsDevice {
     }
 
     /// CUDA when RIVET_GDR is not off, a CUDA driver works and peer memory or dma-buf exists (or
-    /// RIVET_GDR=force); dma-buf when the NIC and GPU 0 support it and RIVET_DMABUF allows.
+    /// RIVET_GDR=force); dma-buf when the NIC and the GPU support it and RIVET_DMABUF allows: the
+    /// GPU current on the calling thread (NCCL's rank's), or every GPU when none is current.
     fn ptr_support(&self) -> PtrSupport {
         let cfg = config::get();
-        if cfg.gdr == gdr::Mode::Off || cuda::get().is_err() {
+        let Ok(cu) = cuda::get() else { return PtrSupport::default() };
+        if cfg.gdr == gdr::Mode::Off {
             return PtrSupport::default();
         }
         // Every member must take dma-buf (net_ib looks at member 0 only).
-        let dmabuf = cfg.dmabuf && self.ports.iter().all(|p| p.dev.dmabuf.is_ok()) && cuda::gdr_attributes(0).is_ok_and(|(_, db)| db);
+        let every_gpu = || (0..cu.devices).all(|g| cuda::gdr_attributes(g).is_ok_and(|(_, db)| db));
+        let dmabuf = cfg.dmabuf
+            && self.ports.iter().all(|p| p.dev.dmabuf.is_ok())
+            && cuda::gpus_take_dmabuf(cuda::current_gpu_dmabuf(), every_gpu);
         let peermem = gdr::peermem(&Topology::machine().root).is_some();
         PtrSupport { cuda: dmabuf || peermem || cfg.gdr == gdr::Mode::Force, dmabuf }
     }
