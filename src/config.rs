@@ -133,6 +133,11 @@ pub const VARS: &[Var] = &[
         meaning: "1: enhanced connection establishment, as net_ib: the connecting side offers its queue pairs' ECE (ibv_query_ece), the accepting side sets it and answers with what its device supports, and both set that before the queue pairs connect; a device without ECE (Soft-RoCE) is logged once at INFO and goes on without it. 0 on the connecting side: no ECE.",
     },
     Var {
+        name: "NCCL_IB_RETURN_ASYNC_EVENTS",
+        default: "1",
+        meaning: "1: a fatal asynchronous event of a device (DEVICE_FATAL, CQ_ERR) or of a comm's queue pair (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR) fails the comms it concerns, with the event named in the error; 0: it is only logged as a WARN, and the comms go on until a work request fails (net_ib's meaning).",
+    },
+    Var {
         name: "NCCL_IB_MQP_RETRY_ALL",
         default: "0",
         meaning: "1: retry a failing ibv_modify_qp (a queue pair's state change during connection setup) whatever its error; 0: only when it fails with ETIMEDOUT, as large RoCE jobs see while the NIC's firmware is busy (net_ib's meaning).",
@@ -271,6 +276,7 @@ pub struct Config {
     pub ib_fifo_tc: Option<u8>,
     pub ib_pkey: u16,
     pub ib_ece: bool,
+    pub ib_return_async_events: bool,
     pub ib_mqp_retry: crate::transport::verbs::res::MqpRetry,
     pub ib_qps: usize,
     pub ib_merge_nics: bool,
@@ -476,6 +482,7 @@ impl Config {
             ib_fifo_tc: opt_int_var(get, "NCCL_IB_FIFO_TC", 0, 255, "unset").map(|v| v as u8),
             ib_pkey: int_var(get, "NCCL_IB_PKEY", 0, 65535) as u16,
             ib_ece: int_var(get, "NCCL_IB_ECE_ENABLE", 0, 1) == 1,
+            ib_return_async_events: int_var(get, "NCCL_IB_RETURN_ASYNC_EVENTS", 0, 1) == 1,
             ib_mqp_retry: crate::transport::verbs::res::MqpRetry {
                 all: int_var(get, "NCCL_IB_MQP_RETRY_ALL", 0, 1) == 1,
                 count: int_var(get, "NCCL_IB_MQP_RETRY_CNT", 0, 1000) as u32,

@@ -860,14 +860,16 @@ impl Common {
             return Ok(());
         }
         self.last_check = now;
+        // NCCL_IB_RETURN_ASYNC_EVENTS=0: fatal events are only logged (by poll_events), as net_ib.
+        let fail_on_events = crate::config::get().ib_return_async_events;
         for (m, p) in self.ports.iter().enumerate() {
             let dev = &p.dev;
             dev.poll_events_at(now);
-            if let Err(e) = dev.check_fatal() {
+            if let Err(e) = dev.check_fatal().or_else(|e| if fail_on_events { Err(e) } else { Ok(()) }) {
                 return Err(self.die(e));
             }
             let on_m = (0..self.nqpns).filter(|&i| self.qp_member[i] as usize == m).map(|i| self.qpns[i]);
-            if let Some((qpn, ev)) = dev.qp_event(on_m) {
+            if let Some((qpn, ev)) = dev.qp_event(on_m).filter(|_| fail_on_events) {
                 let e = Error::system(format!("{}: asynchronous event {ev}: {}", self.where_on(m, qpn), event_hint(ev)));
                 return Err(self.die(e));
             }
