@@ -102,9 +102,25 @@ static int child_sizes(Child* c, void* arg) {
   }
   if (child_barrier(c)) FAIL(c, "barrier failed");
   if (conn_close(c, &k) || child_finalize(c)) return 1;
+  /* Profiler events (v10+): each started one stopped once by the time the comms are closed; a
+   * transport that reports them (RIVET_CONFORMANCE_NET_EVENTS=1: rivet's verbs) reports every
+   * send and receive, and its sends' queue pairs carry exactly the bytes sent. */
+  char prof[160] = "";
+  if (c->o->api >= 10) {
+    if (prof_bad) FAIL(c, "profiler: %ld malformed event(s); the first: %s", prof_bad, prof_why);
+    if (prof_starts != prof_stops) FAIL(c, "profiler: %ld event(s) started, %ld stopped", prof_starts, prof_stops);
+    const char* want = getenv("RIVET_CONFORMANCE_NET_EVENTS");
+    if (want && !strcmp(want, "1")) {
+      size_t sent = 0;
+      for (int s = 0; s < ns; s++) sent += sizes[s];
+      if (prof_starts < 2 * ns) FAIL(c, "profiler: %ld event(s) for %d sends and %d receives", prof_starts, ns, ns);
+      if (prof_send_bytes != sent) FAIL(c, "profiler: send events carry %zu bytes, %zu were sent", prof_send_bytes, sent);
+    }
+    snprintf(prof, sizeof prof, ", %ld profiler event(s) started and stopped", prof_starts);
+  }
   if (c->rank == 0)
-    child_detail(c, "%d sizes 0..16MiB both directions%s", ns,
-                 flush_reqs ? ", iflush returned non-NULL requests" : "");
+    child_detail(c, "%d sizes 0..16MiB both directions%s%s", ns,
+                 flush_reqs ? ", iflush returned non-NULL requests" : "", prof);
   return 0;
 }
 

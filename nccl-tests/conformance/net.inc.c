@@ -88,6 +88,49 @@ static void net_unload(Net* net) {
   memset(net, 0, sizeof *net);
 }
 
+/* NCCL's profiler callback (v10+), counting: every request this driver posts carries a profiler
+ * handle (one for sends, one for receives), and the plugin may report network events under it.
+ * A start must name one of the two handles, net_ib's plugin id (NCCL_PROFILER_NET_TYPE_IB | 1)
+ * and a queue-pair descriptor; a stop must return a handle a start gave, once. */
+typedef struct {
+  uint8_t type;
+  struct { int device; uint64_t wr_id; int opcode; int qpNum; size_t length; } qp;
+} ProfIbDescr;
+#define PROF_MAX 65536
+static char prof_send_ph, prof_recv_ph;
+static long prof_starts, prof_stops, prof_bad;
+static size_t prof_send_bytes;
+static unsigned char prof_open[PROF_MAX + 1];
+static char prof_why[160];
+static ncclResult_t prof_cb(void** eHandle, int type, void* pHandle, int64_t pluginId, void* extData) {
+  if (type == 0) {
+    ProfIbDescr* d = (ProfIbDescr*)extData;
+    if ((pHandle != &prof_send_ph && pHandle != &prof_recv_ph) || pluginId != 0x10001 || !d ||
+        d->type != 1 || d->qp.qpNum <= 0 || d->qp.opcode < 0 || d->qp.opcode > 1 || d->qp.device < 0) {
+      if (!prof_bad++)
+        snprintf(prof_why, sizeof prof_why, "start with pHandle %p, plugin id %#llx, descriptor type %d qp %d opcode %d",
+                 pHandle, (unsigned long long)pluginId, d ? d->type : -1, d ? d->qp.qpNum : -1, d ? d->qp.opcode : -1);
+      *eHandle = NULL;
+      return ncclSuccess;
+    }
+    if (pHandle == &prof_send_ph) prof_send_bytes += d->qp.length;
+    long id = ++prof_starts;
+    if (id <= PROF_MAX) prof_open[id] = 1;
+    *eHandle = (void*)(intptr_t)id;
+  } else if (type == 1) {
+    long id = (long)(intptr_t)*eHandle;
+    if (id < 1 || id > prof_starts || (id <= PROF_MAX && !prof_open[id])) {
+      if (!prof_bad++) snprintf(prof_why, sizeof prof_why, "stop of handle %ld, which no start gave or which was stopped already", id);
+      return ncclSuccess;
+    }
+    if (id <= PROF_MAX) prof_open[id] = 0;
+    prof_stops++;
+  } else if (!prof_bad++) {
+    snprintf(prof_why, sizeof prof_why, "event type %d (rivet reports only start and stop)", type);
+  }
+  return ncclSuccess;
+}
+
 static ncclResult_t net_init(Net* net, void** ctx, uint64_t commId) {
   *ctx = NULL;
   switch (net->api) {
@@ -95,9 +138,9 @@ static ncclResult_t net_init(Net* net, void** ctx, uint64_t commId) {
     case 7: return T(7)->init(logger);
     case 8: return T(8)->init(logger);
     case 9: return T(9)->init(logger);
-    case 10: return T(10)->init(logger, NULL);
-    case 11: return T(11)->init(ctx, commId, &net->cfg, logger, NULL);
-    case 12: return T(12)->init(ctx, commId, &net->cfg, logger, NULL);
+    case 10: return T(10)->init(logger, prof_cb);
+    case 11: return T(11)->init(ctx, commId, &net->cfg, logger, prof_cb);
+    case 12: return T(12)->init(ctx, commId, &net->cfg, logger, prof_cb);
   }
   return ncclInternalError;
 }
@@ -243,9 +286,9 @@ static ncclResult_t net_isend(Net* net, void* sc, void* data, size_t size, int t
     case 7: return T(7)->isend(sc, data, (int)size, tag, mh, req);
     case 8: return T(8)->isend(sc, data, (int)size, tag, mh, req);
     case 9: return T(9)->isend(sc, data, size, tag, mh, req);
-    case 10: return T(10)->isend(sc, data, size, tag, mh, NULL, req);
-    case 11: return T(11)->isend(sc, data, size, tag, mh, NULL, req);
-    case 12: return T(12)->isend(sc, data, size, tag, mh, NULL, req);
+    case 10: return T(10)->isend(sc, data, size, tag, mh, &prof_send_ph, req);
+    case 11: return T(11)->isend(sc, data, size, tag, mh, &prof_send_ph, req);
+    case 12: return T(12)->isend(sc, data, size, tag, mh, &prof_send_ph, req);
   }
   return ncclInternalError;
 }
@@ -255,14 +298,16 @@ static ncclResult_t net_irecv(Net* net, void* rc, int n, void** data, size_t* si
                               int* tags, void** mhs, void** req) {
   if (net->api <= 8)
     for (int i = 0; i < n; i++) isizes[i] = (int)sizes[i];
+  void* ph[8];
+  for (int i = 0; i < n && i < 8; i++) ph[i] = &prof_recv_ph;
   switch (net->api) {
     case 6: return T(6)->irecv(rc, n, data, isizes, tags, mhs, req);
     case 7: return T(7)->irecv(rc, n, data, isizes, tags, mhs, req);
     case 8: return T(8)->irecv(rc, n, data, isizes, tags, mhs, req);
     case 9: return T(9)->irecv(rc, n, data, sizes, tags, mhs, req);
-    case 10: return T(10)->irecv(rc, n, data, sizes, tags, mhs, NULL, req);
-    case 11: return T(11)->irecv(rc, n, data, sizes, tags, mhs, NULL, req);
-    case 12: return T(12)->irecv(rc, n, data, sizes, tags, mhs, NULL, req);
+    case 10: return T(10)->irecv(rc, n, data, sizes, tags, mhs, ph, req);
+    case 11: return T(11)->irecv(rc, n, data, sizes, tags, mhs, ph, req);
+    case 12: return T(12)->irecv(rc, n, data, sizes, tags, mhs, ph, req);
   }
   return ncclInternalError;
 }

@@ -121,7 +121,7 @@ pub unsafe extern "C" fn isend_int(
 ) -> ncclResult_t {
     boundary("isend", || {
         super::ffi::nonnull(req, "request")?;
-        out(req, "request", plugin::isend(sc, data, send_size(size as i64)?, tag, mh)?)
+        out(req, "request", plugin::isend(sc, data, send_size(size as i64)?, tag, mh, std::ptr::null_mut())?)
     })
 }
 
@@ -133,10 +133,7 @@ pub unsafe extern "C" fn isend(
     mh: *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
-    boundary("isend", || {
-        super::ffi::nonnull(req, "request")?;
-        out(req, "request", plugin::isend(sc, data, size, tag, mh)?)
-    })
+    isend_p(sc, data, size, tag, mh, std::ptr::null_mut(), req)
 }
 
 pub unsafe extern "C" fn isend_p(
@@ -145,10 +142,13 @@ pub unsafe extern "C" fn isend_p(
     size: usize,
     tag: c_int,
     mh: *mut c_void,
-    _ph: *mut c_void,
+    ph: *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
-    isend(sc, data, size, tag, mh, req)
+    boundary("isend", || {
+        super::ffi::nonnull(req, "request")?;
+        out(req, "request", plugin::isend(sc, data, size, tag, mh, ph)?)
+    })
 }
 
 pub unsafe extern "C" fn irecv_int(
@@ -167,7 +167,7 @@ pub unsafe extern "C" fn irecv_int(
             let s = *sizes.add(i);
             usize::try_from(s).map_err(|_| Error::arg(format!("irecv buffer {i} with negative size {s}")))
         };
-        out(req, "request", plugin::irecv(rc, n, data, size_of, tags, mh)?)
+        out(req, "request", plugin::irecv(rc, n, data, size_of, tags, mh, std::ptr::null_mut())?)
     })
 }
 
@@ -180,13 +180,7 @@ pub unsafe extern "C" fn irecv(
     mh: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
-    boundary("irecv", || {
-        // `*req` may hold NCCL_NET_OPTIONAL_RECV_COMPLETION on entry: a hint that the completion
-        // may be skipped. rivet completes every receive, so it is read as nothing more.
-        super::ffi::nonnull(req, "request")?;
-        super::ffi::nonnull(sizes, "sizes")?;
-        out(req, "request", plugin::irecv(rc, n, data, |i| Ok(*sizes.add(i)), tags, mh)?)
-    })
+    irecv_p(rc, n, data, sizes, tags, mh, std::ptr::null_mut(), req)
 }
 
 pub unsafe extern "C" fn irecv_p(
@@ -196,11 +190,18 @@ pub unsafe extern "C" fn irecv_p(
     sizes: *mut usize,
     tags: *mut c_int,
     mh: *mut *mut c_void,
-    _ph: *mut *mut c_void,
+    ph: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
-    irecv(rc, n, data, sizes, tags, mh, req)
+    boundary("irecv", || {
+        // `*req` may hold NCCL_NET_OPTIONAL_RECV_COMPLETION on entry: a hint that the completion
+        // may be skipped. rivet completes every receive, so it is read as nothing more.
+        super::ffi::nonnull(req, "request")?;
+        super::ffi::nonnull(sizes, "sizes")?;
+        out(req, "request", plugin::irecv(rc, n, data, |i| Ok(*sizes.add(i)), tags, mh, ph)?)
+    })
 }
+
 
 pub unsafe extern "C" fn iflush(
     rc: *mut c_void,

@@ -6,8 +6,11 @@ use super::types::*;
 use std::ffi::c_int;
 use std::ffi::c_void;
 
-unsafe extern "C" fn init(logger: ncclDebugLogger_t, _prof: ncclProfilerCallback_t) -> ncclResult_t {
-    boundary("init", || start(logger, 10))
+unsafe extern "C" fn init(logger: ncclDebugLogger_t, prof: ncclProfilerCallback_t) -> ncclResult_t {
+    boundary("init", || {
+        crate::plugin::profile::set_callback(prof);
+        start(logger, 10)
+    })
 }
 
 /// The traffic class in `config` (NCCL_NET_TRAFFIC_CLASS_UNDEF, -1, when the communicator set

@@ -13,11 +13,12 @@ unsafe extern "C" fn init(
     comm_id: u64,
     config: *mut ncclNetCommConfig_t,
     logger: ncclDebugLogger_t,
-    _prof: ncclProfilerCallback_t,
+    prof: ncclProfilerCallback_t,
 ) -> ncclResult_t {
     boundary("init", || {
         nonnull(ctx, "ctx")?;
         start(logger, 12)?;
+        crate::plugin::profile::set_callback(prof);
         // SAFETY: a non-NULL config is NCCL's ncclNetCommConfig_t for this communicator.
         let tc = if config.is_null() { -1 } else { unsafe { (*config).trafficClass } };
         let c = plugin::ctx_new(comm_id, tc)?;

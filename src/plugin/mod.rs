@@ -7,6 +7,7 @@
 mod connect;
 mod devices;
 mod mr;
+pub mod profile;
 
 pub use connect::{accept, close_listen, connect, listen};
 pub use devices::{devices_table, init, make_vdevice, ndevices, properties, Props, VERSION};
@@ -98,6 +99,45 @@ pub struct Comm {
     send: bool,
     dev: i32,
     conn: Staged,
+    /// NCCL profiler event handles of each request slot (empty unless NCCL passed a callback).
+    events: Vec<Vec<usize>>,
+    /// Requests posted, naming each in its profiler events.
+    posted: u64,
+}
+
+impl Comm {
+    /// Start the profiler events of request `slot` (one per buffer: its size and NCCL's handle).
+    fn profile_start(&mut self, slot: Option<u32>, bufs: impl Iterator<Item = (usize, *mut c_void)>) {
+        let Some(slot) = slot else { return };
+        self.posted += 1;
+        if !profile::enabled() {
+            return;
+        }
+        if self.events.len() <= slot as usize {
+            self.events.resize_with(slot as usize + 1, Vec::new);
+        }
+        let mut evs = Vec::new();
+        for (size, ph) in bufs {
+            evs.clear();
+            self.conn.net_events(size, &mut evs);
+            profile::start(ph, self.posted, &evs, &mut self.events[slot as usize]);
+        }
+    }
+
+    fn profile_stop(&mut self, slot: u32) {
+        if let Some(h) = self.events.get_mut(slot as usize) {
+            profile::stop(h);
+        }
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // Requests NCCL never saw done: their events end with the comm.
+        for h in &mut self.events {
+            profile::stop(h);
+        }
+    }
 }
 
 impl Comm {
@@ -109,7 +149,7 @@ impl Comm {
             return Err(Error::internal(format!("a comm with {} request slots (at most {MAX_REQUESTS})", conn.capacity())));
         }
         let kind = if send { Kind::SendComm } else { Kind::RecvComm };
-        Ok(COMMS.insert(kind, Comm { send, dev, conn }).map_err(|_| full("comm"))?.to_ptr())
+        Ok(COMMS.insert(kind, Comm { send, dev, conn, events: Vec::new(), posted: 0 }).map_err(|_| full("comm"))?.to_ptr())
     }
 }
 
@@ -164,7 +204,8 @@ fn request(t: Token, slot: Option<u32>) -> *mut c_void {
 /// # Safety
 /// Unless `size` is 0, `data` points to `size` bytes NCCL lends for this send: valid, and not
 /// written, until `test` reports the request done or the comm is closed (NCCL's isend contract).
-pub unsafe fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, mh: *mut c_void) -> Result<*mut c_void> {
+/// `ph` is NCCL's profiler handle for the request (v10+; NULL: no events).
+pub unsafe fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, mh: *mut c_void, ph: *mut c_void) -> Result<*mut c_void> {
     let (t, mut c) = comm(sc, true)?;
     if data.is_null() && size > 0 {
         return Err(Error::internal(format!("isend of {size} bytes from a NULL buffer")));
@@ -172,6 +213,7 @@ pub unsafe fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, m
     // SAFETY: the caller's promise is Lent's.
     let data = unsafe { Lent::new(data as *mut u8, size) };
     let slot = c.conn.isend(data, tag, mr_info(mh)?)?;
+    c.profile_start(slot, std::iter::once((size, ph)));
     if c.conn.has_pending_sends() {
         pending_add(t);
     }
@@ -227,7 +269,7 @@ fn progress_pending(except: Token) {
 /// # Safety
 /// `data` and `tags` must point to `n` elements each, and a non-NULL `mh` too (NULL is checked
 /// here). Each buffer `data[i]` of `size_of(i)` bytes is lent for this receive as `Lent::new`
-/// says (NCCL's irecv contract).
+/// says (NCCL's irecv contract). A non-NULL `ph` holds NCCL's profiler handle of each buffer.
 pub unsafe fn irecv(
     rc: *mut c_void,
     n: i32,
@@ -235,6 +277,7 @@ pub unsafe fn irecv(
     size_of: impl Fn(usize) -> Result<usize>,
     tags: *mut i32,
     mh: *mut *mut c_void,
+    ph: *mut *mut c_void,
 ) -> Result<*mut c_void> {
     if n < 1 || n as usize > MAX_RECVS {
         comm(rc, false)?;
@@ -257,6 +300,11 @@ pub unsafe fn irecv(
         *b = RecvBuf { buf: unsafe { Lent::new(ptr, size) }, tag, mr };
     }
     let slot = c.conn.irecv(&bufs[..n as usize])?;
+    if !ph.is_null() {
+        // SAFETY: a non-NULL `ph` holds `n` handles (the caller's promise).
+        let phs = (0..n as usize).map(|i| (bufs[i].buf.len(), unsafe { *ph.add(i) }));
+        c.profile_start(slot, phs);
+    }
     drop(c);
     progress_pending(t);
     Ok(request(t, slot))
@@ -308,6 +356,9 @@ pub unsafe fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<
     let dev = c.dev;
     let mut out = [0usize; MAX_RECVS];
     let res = c.conn.test(t.req, &mut out);
+    if let Ok(Some(_)) = res {
+        c.profile_stop(t.req);
+    }
     drop(c);
     progress_pending(t);
     match res {

@@ -245,6 +245,16 @@ impl RecvBuf {
 /// Most buffers in one grouped receive (the `maxRecvs` every device reports).
 pub const MAX_RECVS: usize = crate::proto::verbs::MAX_GROUP;
 
+/// One queue pair's share of a request, for NCCL's profiler (ncclNet v10+): the member it runs on,
+/// its number, the bytes it carries and the `ibv_wr_opcode` of its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetEvent {
+    pub device: i32,
+    pub qpn: u32,
+    pub length: usize,
+    pub opcode: i32,
+}
+
 /// A connected send or receive comm. Requests are slot numbers below `capacity()`; a slot is
 /// handed out by `isend`/`irecv` and free again once `test` reported it done.
 pub trait Conn: Send {
@@ -281,6 +291,9 @@ pub trait Conn: Send {
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>>;
     /// Number of request slots.
     fn capacity(&self) -> usize;
+    /// The queue pairs a request of `size` bytes (a receive buffer's size on a receive comm) goes
+    /// over, for NCCL's profiler; none on a transport without queue pairs.
+    fn net_events(&self, _size: usize, _out: &mut Vec<NetEvent>) {}
     /// Whether posts of this comm wait for room (the newly ready bytes of partial sends, see
     /// `set_ready`): they need calls on this comm to move, like staged sends do.
     fn has_deferred(&self) -> bool {

@@ -5,6 +5,9 @@
 # number of failed steps.
 cd /mnt/host || exit 2
 export RIVET_TIMEOUT=10
+# The conformance driver checks that rivet reports profiler events for every send and receive over
+# verbs (v10+), and that the send events carry exactly the bytes sent.
+export RIVET_CONFORMANCE_NET_EVENTS=1
 LIB=/mnt/host/libnccl-net-rivet.so
 failed=0
 results=

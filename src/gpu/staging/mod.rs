@@ -521,6 +521,10 @@ impl Conn for Staged {
     fn capacity(&self) -> usize {
         self.icap + MANAGED
     }
+
+    fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
+        self.inner.net_events(size, out)
+    }
 }
 
 fn human(b: u64) -> String {

@@ -957,6 +957,28 @@ pub(super) fn dev_id(port: &IbPort) -> usize {
 
 /// Adaptive routing on a device of these members: when every member's fabric has it (as net_ib
 /// decides for a send comm).
+/// NCCL profiler events of a `size`-byte message over `qps`, logical queue pair `q` carried by
+/// physical `map[q]` on member `q % members`: an eager one (`eager`) on logical queue pair 0 as
+/// one RDMA WRITE with immediate; a larger one split over every queue pair as
+/// [`crate::proto::verbs::qp_chunk`] says, as plain RDMA WRITEs under adaptive routing above its
+/// threshold (`ar`), its completion apart.
+pub(super) fn plan_events(size: usize, eager: bool, qps: &[QpRts], map: &[u8], members: usize, ar: Option<usize>, out: &mut Vec<crate::transport::NetEvent>) {
+    const WRITE: i32 = IBV_WR_RDMA_WRITE as i32;
+    const WRITE_IMM: i32 = IBV_WR_RDMA_WRITE_WITH_IMM as i32;
+    let ev = |q: usize, length: usize, opcode: i32| {
+        let phys = map.get(q).map_or(q, |&m| m as usize).min(qps.len() - 1);
+        crate::transport::NetEvent { device: super::fuse::member_of(phys, members) as i32, qpn: qps[phys].qp().qpn(), length, opcode }
+    };
+    if eager {
+        out.push(ev(0, size, WRITE_IMM));
+        return;
+    }
+    let opcode = if ar.is_some_and(|t| size > t) { WRITE } else { WRITE_IMM };
+    for q in 0..qps.len() {
+        out.push(ev(q, crate::proto::verbs::qp_chunk(size, qps.len(), q).1, opcode));
+    }
+}
+
 pub(super) fn adaptive_routing(ports: &[&'static IbPort]) -> bool {
     ports.iter().all(|p| p.adaptive_routing)
 }

@@ -766,4 +766,9 @@ impl Conn for VerbsRecv {
     fn capacity(&self) -> usize {
         RECV_REQS + FLUSH_REQS
     }
+
+    fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
+        let ar = self.c.adaptive_routing().then_some(crate::config::get().ib_ar_threshold);
+        super::conn::plan_events(size, size <= self.eng.eager_max(), &self.qps, &self.map, self.c.ports.len(), ar, out);
+    }
 }

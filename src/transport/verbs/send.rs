@@ -723,6 +723,11 @@ impl Conn for VerbsSend {
         SEND_REQS
     }
 
+    fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
+        let ar = self.c.adaptive_routing().then_some(crate::config::get().ib_ar_threshold);
+        super::conn::plan_events(size, size <= self.eng.eager_max(), &self.qps, &self.map, self.c.ports.len(), ar, out);
+    }
+
     fn has_deferred(&self) -> bool {
         self.ndeferred > 0
     }
