@@ -148,7 +148,7 @@ fn fixture_machines() {
     let (_, t) = doctor(&[], Some(&f.root));
     let s = section(&t, "GPU x NIC topology");
     assert!(s.contains("WARN 8 GPU(s), 8 NIC(s), every GPU stages"), "{s}");
-    assert!(s.contains("WARN every GPU's buffers go through host staging, although RDMA NICs sit within PXB of GPUs (GPU 0000:15:00.0 with mlx5_0: no peer-memory module"), "{s}");
+    assert!(s.contains("WARN every GPU's buffers go through host staging, although RDMA NICs sit within P2C of GPUs (GPU 0000:15:00.0 with mlx5_0: no peer-memory module"), "{s}");
 
     // Two sockets, GPU and NICs on different ones: a warning that says so.
     let f = fixture::two_socket();
@@ -157,7 +157,7 @@ fn fixture_machines() {
     let s = section(&t, "GPU x NIC topology");
     assert!(s.contains("WARN GPU 0000:01:00.0 (NUMA 0) has no NIC on its NUMA node: its closest, mlx5_0, is on NUMA 1 (path SYS)"), "{s}");
     assert!(s.contains("fix: put a NIC on that socket"), "{s}");
-    assert!(s.contains("host staging (path SYS, NUMA 0 → 1 (RIVET_GDR_LEVEL=PXB))"), "{s}");
+    assert!(s.contains("host staging (path SYS, NUMA 0 → 1 (RIVET_GDR_LEVEL=P2C))"), "{s}");
 
     // A VM: Soft-RoCE without a PCI path.
     let f = fixture::vm();

@@ -14,6 +14,7 @@ int cuDevicePrimaryCtxRetain(void) { return 999; }
 int cuDevicePrimaryCtxRelease_v2(void) { return 999; }
 int cuPointerGetAttribute(void) { return 999; }
 int cuCtxGetCurrent(void) { return 999; }
+int cuCtxGetDevice(void) { return 999; }
 int cuCtxPushCurrent_v2(void) { return 999; }
 int cuCtxPopCurrent_v2(void) { return 999; }
 int cuStreamCreate(void) { return 999; }
