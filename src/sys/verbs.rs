@@ -52,7 +52,18 @@ pub struct Verbs {
     /// IBVERBS_1.10: enhanced connection establishment.
     pub query_ece: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_ece) -> c_int>,
     pub set_ece: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_ece) -> c_int>,
+    /// IBVERBS_1.16 (rdma-core 62+): a port's effective bandwidth in units of 100 Mb/s.
+    pub query_port_speed: Option<unsafe extern "C" fn(*mut ibv_context, u32, *mut u64) -> c_int>,
 }
+
+/// `struct ibv_port_attr` of rdma-core 49 and later: the bindings' (rdma-core 44's) followed by
+/// `active_speed_ex`, which carries XDR and faster speeds.
+#[repr(C)]
+pub struct PortAttrEx {
+    pub attr: ibv_port_attr,
+    pub active_speed_ex: u32,
+}
+const _: () = assert!(size_of::<ibv_port_attr>() == 52 && size_of::<PortAttrEx>() == 56);
 
 // SAFETY: the function pointers and the library handle are process-wide and immutable once
 // loaded; libibverbs' functions may be called from any thread.
@@ -128,6 +139,7 @@ impl Verbs {
             reg_dmabuf_mr: opt!("ibv_reg_dmabuf_mr"),
             query_ece: opt!("ibv_query_ece"),
             set_ece: opt!("ibv_set_ece"),
+            query_port_speed: opt!("ibv_query_port_speed"),
             _lib: lib,
         })
     }
@@ -150,6 +162,40 @@ impl Verbs {
         }
         *attr = std::mem::zeroed();
         (self.compat_query_port)(ctx, port, attr as *mut ibv_port_attr as *mut _compat_ibv_port_attr)
+    }
+
+    /// The port's `active_speed_ex` (0 where libibverbs or the kernel does not report it): the
+    /// extended context's `query_port` asked for rdma-core 49's larger struct, which a library
+    /// whose struct is smaller zeroes and fills as far as it knows. Only the extended call can
+    /// give it: the exported `ibv_query_port` copies the compat struct's 48 bytes.
+    ///
+    /// # Safety
+    /// `ctx` must be an open device context.
+    pub unsafe fn active_speed_ex(&self, ctx: *mut ibv_context, port: u8) -> u32 {
+        const EXTENDED: usize = usize::MAX; // __VERBS_ABI_IS_EXTENDED
+        if (*ctx).abi_compat as usize != EXTENDED {
+            return 0;
+        }
+        let v = (ctx as *mut u8).sub(offset_of!(verbs_context, context)) as *mut verbs_context;
+        if (*v).sz < size_of::<verbs_context>() - offset_of!(verbs_context, query_port) {
+            return 0;
+        }
+        let Some(f) = (*v).query_port else { return 0 };
+        let mut a: PortAttrEx = std::mem::zeroed();
+        if f(ctx, port, &mut a.attr, size_of::<PortAttrEx>()) != 0 {
+            return 0;
+        }
+        a.active_speed_ex
+    }
+
+    /// `ibv_query_port_speed` (units of 100 Mb/s), where libibverbs and the provider have it.
+    ///
+    /// # Safety
+    /// `ctx` must be an open device context.
+    pub unsafe fn port_speed(&self, ctx: *mut ibv_context, port: u8) -> Option<u64> {
+        let f = self.query_port_speed?;
+        let mut s = 0u64;
+        (f(ctx, port as u32, &mut s) == 0).then_some(s)
     }
 }
 

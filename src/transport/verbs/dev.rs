@@ -44,6 +44,9 @@ pub struct IbDevice {
     events_polled: std::sync::atomic::AtomicU64,
 }
 
+/// `IBV_QPF_GRH_REQUIRED` of `ibv_port_attr.flags` (verbs.h; not in the bindings' headers).
+const QPF_GRH_REQUIRED: u8 = 1;
+
 /// How often idle comms drain a device's asynchronous events, at most.
 const EVENTS_EVERY_MS: u64 = 10;
 
@@ -271,6 +274,14 @@ pub struct IbPort {
     pub plane_idx: u8,
     /// Adaptive routing on this port's fabric (NCCL_IB_ADAPTIVE_ROUTING; auto: InfiniBand).
     pub adaptive_routing: bool,
+    /// Its index among the ports NCCL sees (the plugin's device number of this port).
+    pub index: u8,
+    /// The PCI path NCCL's topology gets (net_ib's: function digit, and with
+    /// NCCL_IB_MERGE_VFS the device digits, zeroed), and the port number NCCL sees.
+    pub nccl_pci_path: Option<String>,
+    pub nccl_port: i32,
+    /// The port's flags say every packet needs a global route header (IBV_QPF_GRH_REQUIRED).
+    pub grh_required: bool,
 }
 
 impl IbPort {
@@ -389,6 +400,16 @@ pub(super) fn port_state_name(s: u32) -> &'static str {
     }
 }
 
+/// A port's speed in Mb/s, as `select::port_speed` makes it of what the device says
+/// (ibv_query_port_speed where NCCL_IB_QUERY_PORT_SPEED allows, active_speed_ex, `pa`).
+///
+/// # Safety
+/// `ctx` must be an open device context and `port` one of its ports.
+pub(super) unsafe fn port_speed(v: &Verbs, ctx: *mut ibv_context, port: u8, pa: &ibv_port_attr) -> i32 {
+    let q = if crate::config::get().ib_query_port_speed { v.port_speed(ctx, port) } else { None };
+    select::port_speed(q, pa.active_speed, v.active_speed_ex(ctx, port), pa.active_width)
+}
+
 /// Open every device and keep its usable ports. `Err` says why there is none (rivet then falls
 /// back to TCP and logs the reason).
 pub fn discover(cfg: &Config) -> std::result::Result<Vec<IbPort>, String> {
@@ -411,6 +432,14 @@ pub fn discover(cfg: &Config) -> std::result::Result<Vec<IbPort>, String> {
     let mut ports: Vec<IbPort> = order.iter().map(|&i| slots[i].take().expect("a permutation")).collect();
     for n in notes {
         log::info!("NET/rivet: {n}");
+    }
+    // What NCCL sees of each: its index, its PCI path and port number as net_ib makes them.
+    let paths: Vec<Option<String>> = ports.iter().map(|p| p.dev.pci_path.as_deref().map(|f| select::nccl_pci_path(f, cfg.ib_merge_vfs))).collect();
+    let real = select::real_ports(&paths.iter().map(|p| p.as_deref()).collect::<Vec<_>>(), cfg.ib_merge_vfs);
+    for (i, (p, (path, r))) in ports.iter_mut().zip(paths.into_iter().zip(real)).enumerate() {
+        p.index = i.min(255) as u8;
+        p.nccl_pci_path = path;
+        p.nccl_port = p.port as i32 + r as i32;
     }
     // Plane indices: 0 for none, then the distinct planes in device order (as net_ib).
     let mut planes: Vec<i16> = Vec::new();
@@ -494,10 +523,12 @@ fn open_device(
         }
         let roce = ll == IBV_LINK_LAYER_ETHERNET as u8;
         let gids = gid_table(v, ctx, name, port, pa.gid_tbl_len);
+        // InfiniBand ignores NCCL_IB_GID_INDEX and takes NCCL_IB_ROUTABLE_FLID_GID_INDEX where
+        // that GID holds a FLID, as net_ib.
         let chosen = match (cfg.ib_gid_index, roce) {
-            (Some(i), _) => Some(i),
+            (Some(i), true) => Some(i),
             (None, true) => select::choose_gid(&gids, cfg.ib_addr_family, cfg.ib_addr_range, cfg.ib_roce_version),
-            (None, false) => Some(0),
+            (_, false) => Some(select::ib_gid_index(&gids, cfg.ib_routable_flid_gid_index)),
         };
         let Some(gi) = chosen else {
             notes.push(format!(
@@ -512,7 +543,9 @@ fn open_device(
             notes.push(format!("{name}:{port}: NCCL_IB_GID_INDEX={gi} is empty or unreadable on this port"));
             continue;
         }
-        kept.push((port, pa, gi, e.map(|e| e.gid).unwrap_or([0; 16]), e.and_then(|e| e.roce_version)));
+        // SAFETY: `ctx` is open (as for query_port above) and `port` one of its ports.
+        let speed = unsafe { port_speed(v, ctx, port, &pa) };
+        kept.push((port, pa, gi, e.map(|e| e.gid).unwrap_or([0; 16]), e.and_then(|e| e.roce_version), speed));
     }
     if kept.is_empty() {
         // SAFETY: no port was kept, so nothing was created on `ctx` (it was only queried) and it is
@@ -572,13 +605,13 @@ fn open_device(
     }
     Ok(kept
         .into_iter()
-        .map(|(port, pa, gi, gid, rv)| IbPort {
+        .map(|(port, pa, gi, gid, rv, speed)| IbPort {
             dev: dev.clone(),
             port,
             link_layer: if pa.link_layer == IBV_LINK_LAYER_UNSPECIFIED as u8 { IBV_LINK_LAYER_INFINIBAND as u8 } else { pa.link_layer },
             lid: pa.lid,
             mtu: pa.active_mtu,
-            speed: select::port_speed_mbps(pa.active_speed, pa.active_width),
+            speed,
             gid_index: gi,
             gid,
             roce_version: rv,
@@ -586,6 +619,10 @@ fn open_device(
             plane: filter.map_or(-1, |f| f.rail_plane(name, port).1),
             plane_idx: 0,
             adaptive_routing: cfg.ib_adaptive_routing.unwrap_or(pa.link_layer != IBV_LINK_LAYER_ETHERNET as u8),
+            index: 0,
+            nccl_pci_path: None,
+            nccl_port: port as i32,
+            grh_required: pa.flags & QPF_GRH_REQUIRED != 0,
         })
         .collect())
 }

@@ -33,10 +33,10 @@ impl VerbsDevice {
         let ports: &'static [&'static IbPort] = Box::leak(vec![port].into_boxed_slice());
         let info = DevInfo {
             name: CString::new(port.dev.name.clone()).unwrap_or_default(),
-            pci_path: port.dev.pci_path.as_ref().and_then(|s| CString::new(s.as_str()).ok()),
+            pci_path: port.nccl_pci_path.as_ref().and_then(|s| CString::new(s.as_str()).ok()),
             guid: port.dev.guid,
             speed: port.speed,
-            port: port.port as i32,
+            port: port.nccl_port,
             // One comm needs at least one queue pair.
             max_comms: port.dev.max_qp.max(1),
             iface: oob.name.clone(),

@@ -391,6 +391,9 @@ fn to_init(qp: &Qp, port: &IbPort, access: u32, pkey_index: u16) -> Result<()> {
     modify(qp, &mut a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT", port)
 }
 
+/// Warned once: a peer across subnets without a FLID.
+static NO_FLID_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// INIT → RTR towards `remote`.
 fn to_rtr(qp: &Qp, port: &IbPort, remote: &RemoteQp, p: &PathParams) -> Result<()> {
     // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
@@ -406,14 +409,23 @@ fn to_rtr(qp: &Qp, port: &IbPort, remote: &RemoteQp, p: &PathParams) -> Result<(
     a.min_rnr_timer = 12;
     a.ah_attr.port_num = port.port;
     a.ah_attr.sl = p.sl;
-    if remote.global {
+    let av = super::select::address_vector(port.is_roce(), &port.gid, port.grh_required, remote.lid, &remote.gid, p.tc);
+    if av.no_flid && !NO_FLID_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::warn!(
+            "NET/rivet: {}:{}: the peer {} is in another InfiniBand subnet but its GID holds no FLID: routing by its LID {}, which the fabric may not route across subnets (check the subnet manager's FLID set-up, or NCCL_IB_ROUTABLE_FLID_GID_INDEX on the peer)",
+            port.dev.name,
+            port.port,
+            super::select::describe_gid(&remote.gid),
+            remote.lid
+        );
+    }
+    a.ah_attr.dlid = av.dlid;
+    if av.global || remote.global {
         a.ah_attr.is_global = 1;
         a.ah_attr.grh.dgid = ibv_gid { raw: remote.gid };
         a.ah_attr.grh.sgid_index = port.gid_index as u8;
         a.ah_attr.grh.hop_limit = 255;
-        a.ah_attr.grh.traffic_class = p.tc;
-    } else {
-        a.ah_attr.dlid = remote.lid;
+        a.ah_attr.grh.traffic_class = av.traffic_class;
     }
     let mask = IBV_QP_STATE
         | IBV_QP_AV

@@ -84,6 +84,51 @@ pub struct GidEntry {
     pub roce_version: Option<u32>,
 }
 
+/// An InfiniBand GID's FLID (bytes 4-5, big-endian): the LID of the port across subnets, where
+/// the fabric routes by FLID.
+pub fn flid(gid: &[u8; 16]) -> u16 {
+    u16::from_be_bytes([gid[4], gid[5]])
+}
+
+/// An InfiniBand GID's local subnet prefix (bytes 6-7), which net_ib compares to tell whether a
+/// peer is in our subnet.
+pub fn ib_subnet(gid: &[u8; 16]) -> u16 {
+    u16::from_be_bytes([gid[6], gid[7]])
+}
+
+/// The GID index of an InfiniBand port, as net_ib picks it: NCCL_IB_ROUTABLE_FLID_GID_INDEX where
+/// that GID holds a FLID (the port is routable across subnets), else 0.
+pub fn ib_gid_index(gids: &[GidEntry], routable: u32) -> u32 {
+    gids.iter().find(|e| e.index == routable && flid(&e.gid) != 0).map_or(0, |e| e.index)
+}
+
+/// The address vector of a queue pair as net_ib builds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Av {
+    /// A global route header: destination GID, our GID index, hop limit 255, the class.
+    pub global: bool,
+    pub dlid: u16,
+    pub traffic_class: u8,
+    /// Across subnets, the peer's GID holds no FLID: its LID is used, which the fabric may
+    /// not route.
+    pub no_flid: bool,
+}
+
+/// RoCE: always a global route, with the traffic class. InfiniBand: by LID within the subnet
+/// (the 16-bit prefix in GID bytes 6-7 is ours), with a GRH only where the port requires one;
+/// across subnets with a GRH and the peer's FLID as the DLID where it has one (its LID where
+/// not). InfiniBand's GRH carries no traffic class (net_ib leaves it 0; the service level is
+/// what classes traffic there). A peer with LID 0 is reached by GID.
+pub fn address_vector(roce: bool, local_gid: &[u8; 16], grh_required: bool, remote_lid: u16, remote_gid: &[u8; 16], tc: u8) -> Av {
+    if roce {
+        return Av { global: true, dlid: 0, traffic_class: tc, no_flid: false };
+    }
+    let same = ib_subnet(local_gid) == ib_subnet(remote_gid);
+    let f = flid(remote_gid);
+    let dlid = if !same && f != 0 { f } else { remote_lid };
+    Av { global: !same || grh_required || remote_lid == 0, dlid, traffic_class: 0, no_flid: !same && f == 0 }
+}
+
 /// The IP address a RoCE GID stands for (IPv4-mapped GIDs give IPv4).
 pub fn gid_ip(gid: &[u8; 16]) -> IpAddr {
     let v6 = Ipv6Addr::from(*gid);
@@ -132,16 +177,14 @@ pub fn choose_gid(entries: &[GidEntry], family: i32, range: Option<(IpAddr, u8)>
 }
 
 /// Port speed in Mb/s from `ibv_port_attr.active_speed` and `active_width` (IB encodings).
-pub fn port_speed_mbps(active_speed: u8, active_width: u8) -> i32 {
+pub fn port_speed_mbps(active_speed: u32, active_width: u8) -> i32 {
+    // The lane rate of the lowest speed bit set, as net_ib reads it: SDR, DDR, QDR, FDR10, FDR,
+    // EDR, HDR, NDR, then XDR (256, reported in active_speed_ex only).
+    const LANE: [i32; 9] = [2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000, 200000];
     let lane_mbps = match active_speed {
-        1 => 2500,    // SDR
-        2 => 5000,    // DDR
-        4 | 8 => 10000, // QDR, FDR10
-        16 => 14000,  // FDR
-        32 => 25000,  // EDR
-        64 => 50000,  // HDR
-        128 => 100000, // NDR
-        _ => 10000,
+        // No speed at all: rivet's guess of 10 Gb/s (net_ib's table would say XDR).
+        0 => 10000,
+        s => LANE[(s.trailing_zeros() as usize).min(8)],
     };
     let lanes = match active_width {
         1 => 1,
@@ -152,6 +195,49 @@ pub fn port_speed_mbps(active_speed: u8, active_width: u8) -> i32 {
         _ => 1,
     };
     lane_mbps * lanes
+}
+
+/// A port's speed in Mb/s: `ibv_query_port_speed`'s answer (units of 100 Mb/s: the effective
+/// bandwidth, aggregated over a LAG) where NCCL_IB_QUERY_PORT_SPEED lets it be asked and
+/// libibverbs has it (rdma-core 62+), else the lane rate of `active_speed_ex` (XDR and faster;
+/// rdma-core 49+), or of `active_speed` where that is 0, times the lanes of `active_width`.
+pub fn port_speed(queried: Option<u64>, active_speed: u8, active_speed_ex: u32, active_width: u8) -> i32 {
+    if let Some(q) = queried.filter(|&q| q > 0) {
+        return q.saturating_mul(100).min(i32::MAX as u64) as i32;
+    }
+    port_speed_mbps(if active_speed_ex != 0 { active_speed_ex } else { active_speed as u32 }, active_width)
+}
+
+/// The PCI path NCCL's topology gets for a device, as net_ib makes it from the sysfs realpath:
+/// the function digit zeroed, so that the ports and PFs of one card are one PCI device to NCCL,
+/// and with NCCL_IB_MERGE_VFS the two device digits too, so that its VFs are as well.
+pub fn nccl_pci_path(full: &str, merge_vfs: bool) -> String {
+    let mut b = full.as_bytes().to_vec();
+    let n = b.len();
+    if n >= 1 {
+        b[n - 1] = b'0';
+    }
+    if merge_vfs && n >= 4 {
+        b[n - 3] = b'0';
+        b[n - 4] = b'0';
+    }
+    String::from_utf8_lossy(&b).into_owned()
+}
+
+/// net_ib's port numbering of devices that share a PCI device: for each device (in NCCL's order,
+/// its NCCL PCI path), how many earlier ones have the same path but for the function digit (with
+/// NCCL_IB_MERGE_VFS, but for the device digits too); NCCL sees port `port + this`.
+pub fn real_ports(paths: &[Option<&str>], merge_vfs: bool) -> Vec<u8> {
+    let cut = if merge_vfs { 4 } else { 1 };
+    paths
+        .iter()
+        .enumerate()
+        .map(|(d, p)| {
+            let Some(p) = p else { return 0 };
+            let key = &p.as_bytes()[..p.len().saturating_sub(cut)];
+            paths[..d].iter().flatten().filter(|q| q.as_bytes().starts_with(key)).count().min(255) as u8
+        })
+        .collect()
 }
 
 /// IPv4 address of `::ffff:a.b.c.d`, for messages.
@@ -230,6 +316,72 @@ mod tests {
         assert_eq!(port_speed_mbps(128, 2), 400_000); // NDR 4x
         assert_eq!(port_speed_mbps(32, 1), 25_000);
         assert_eq!(port_speed_mbps(0, 0), 10_000);
+        // XDR comes in active_speed_ex (active_speed then says NDR): 200 Gb/s a lane.
+        assert_eq!(port_speed(None, 128, 256, 2), 800_000);
+        assert_eq!(port_speed(None, 128, 0, 2), 400_000, "an older libibverbs leaves active_speed_ex 0");
+        // ibv_query_port_speed's answer, in 100 Mb/s units, wins (a LAG of two NDR 4x ports).
+        assert_eq!(port_speed(Some(8000), 128, 0, 2), 800_000);
+        assert_eq!(port_speed(Some(0), 32, 0, 2), 100_000, "0 is no answer");
+    }
+
+    /// An InfiniBand GID: subnet prefix fe80::<flid>:<subnet>, then the port GUID.
+    fn ib_gid(flid: u16, subnet: u16, guid: u8) -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[0] = 0xfe;
+        g[1] = 0x80;
+        g[4..6].copy_from_slice(&flid.to_be_bytes());
+        g[6..8].copy_from_slice(&subnet.to_be_bytes());
+        g[15] = guid;
+        g
+    }
+
+    #[test]
+    fn infiniband_routes_by_lid_in_a_subnet_and_by_flid_across() {
+        let me = ib_gid(0x0101, 7, 1);
+        // Same subnet: by LID, no GRH, whatever the FLIDs.
+        let av = address_vector(false, &me, false, 12, &ib_gid(0x0202, 7, 2), 106);
+        assert_eq!(av, Av { global: false, dlid: 12, traffic_class: 0, no_flid: false });
+        // ... unless the port requires a GRH.
+        assert!(address_vector(false, &me, true, 12, &ib_gid(0x0202, 7, 2), 0).global);
+        // Another subnet: a GRH, and the peer's FLID as the DLID.
+        let av = address_vector(false, &me, false, 12, &ib_gid(0x0202, 9, 2), 106);
+        assert_eq!(av, Av { global: true, dlid: 0x0202, traffic_class: 0, no_flid: false });
+        // Another subnet without a FLID: the LID, and a warning's worth.
+        let av = address_vector(false, &me, false, 12, &ib_gid(0, 9, 2), 0);
+        assert_eq!(av, Av { global: true, dlid: 12, traffic_class: 0, no_flid: true });
+        // RoCE: always global, with the class.
+        let av = address_vector(true, &me, false, 0, &me, 106);
+        assert_eq!(av, Av { global: true, dlid: 0, traffic_class: 106, no_flid: false });
+    }
+
+    #[test]
+    fn infiniband_gid_index_is_the_routable_flid_one_where_it_has_a_flid() {
+        let e = |index: u32, gid: [u8; 16]| GidEntry { index, gid, roce_version: None };
+        let gids = vec![e(0, ib_gid(0, 7, 1)), e(1, ib_gid(0x0101, 7, 1))];
+        assert_eq!(ib_gid_index(&gids, 1), 1);
+        assert_eq!(ib_gid_index(&gids, 3), 0, "no such entry");
+        let gids = vec![e(0, ib_gid(0, 7, 1)), e(1, ib_gid(0, 7, 1))];
+        assert_eq!(ib_gid_index(&gids, 1), 0, "no FLID: index 0");
+        assert_eq!((flid(&ib_gid(0xabcd, 1, 0)), ib_subnet(&ib_gid(0, 0x1234, 0))), (0xabcd, 0x1234));
+    }
+
+    #[test]
+    fn pci_paths_merge_ports_and_vfs_as_net_ib() {
+        let pf0 = "/sys/devices/pci0000:00/0000:00:01.0/0000:05:00.0";
+        let pf1 = "/sys/devices/pci0000:00/0000:00:01.0/0000:05:00.1";
+        let vf = "/sys/devices/pci0000:00/0000:00:01.0/0000:05:01.3";
+        assert_eq!(nccl_pci_path(pf1, true), pf0);
+        assert_eq!(nccl_pci_path(vf, true), pf0);
+        assert_eq!(nccl_pci_path(vf, false), "/sys/devices/pci0000:00/0000:00:01.0/0000:05:01.0");
+        let other = "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0";
+        let paths: Vec<String> = [pf0, pf1, vf, other].iter().map(|p| nccl_pci_path(p, true)).collect();
+        let refs: Vec<Option<&str>> = paths.iter().map(|p| Some(p.as_str())).chain([None]).collect();
+        // Two PFs and a VF of one card: ports 1, 2, 3 to NCCL; the other card and a software
+        // device: their own port.
+        assert_eq!(real_ports(&refs, true), vec![0, 1, 2, 0, 0]);
+        let paths: Vec<String> = [pf0, pf1, vf].iter().map(|p| nccl_pci_path(p, false)).collect();
+        let refs: Vec<Option<&str>> = paths.iter().map(|p| Some(p.as_str())).collect();
+        assert_eq!(real_ports(&refs, false), vec![0, 1, 0], "without NCCL_IB_MERGE_VFS the VF is its own device");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! would use.
 
 use super::dev::{gid_table, mtu_bytes, port_state_name, probe_dmabuf};
-use super::select::{self, GidEntry, HcaFilter};
+use super::select::{GidEntry, HcaFilter};
 use crate::config::Config;
 use crate::sys::ib::*;
 use crate::sys::verbs::{self, Verbs};
@@ -177,7 +177,8 @@ pub fn survey(cfg: &Config) -> std::result::Result<Vec<DevSurvey>, String> {
                     link_layer: if roce { "Ethernet" } else { "InfiniBand" },
                     active_mtu: mtu_bytes(pa.active_mtu),
                     max_mtu: mtu_bytes(pa.max_mtu),
-                    speed_mbps: select::port_speed_mbps(pa.active_speed, pa.active_width),
+                    // SAFETY: `ctx` is open until the close below and `port` is one of its ports.
+                    speed_mbps: unsafe { super::dev::port_speed(v, ctx, port, &pa) },
                     lid: pa.lid,
                     netdev: if roce { port_netdev(&name, port, &gids) } else { None },
                     gids,
