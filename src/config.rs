@@ -153,6 +153,11 @@ pub const VARS: &[Var] = &[
         meaning: "1: a fatal asynchronous event of a device (DEVICE_FATAL, CQ_ERR) or of a comm's queue pair (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR) fails the comms it concerns, with the event named in the error; 0: it is only logged as a WARN, and the comms go on until a work request fails (net_ib's meaning).",
     },
     Var {
+        name: "NCCL_IB_WARN_RAIL_LOCAL",
+        default: "0",
+        meaning: "1: the accepting side logs at INFO when its device's members and the connecting side's (each host's device indices) are not the same rails, e.g. rxe0+rxe2 against rxe1+rxe3 (net_ib's meaning).",
+    },
+    Var {
         name: "NCCL_IB_MQP_RETRY_ALL",
         default: "0",
         meaning: "1: retry a failing ibv_modify_qp (a queue pair's state change during connection setup) whatever its error; 0: only when it fails with ETIMEDOUT, as large RoCE jobs see while the NIC's firmware is busy (net_ib's meaning).",
@@ -295,6 +300,7 @@ pub struct Config {
     pub ib_pkey: u16,
     pub ib_ece: bool,
     pub ib_return_async_events: bool,
+    pub ib_warn_rail_local: bool,
     pub ib_mqp_retry: crate::transport::verbs::res::MqpRetry,
     pub ib_qps: usize,
     pub ib_merge_nics: bool,
@@ -504,6 +510,7 @@ impl Config {
             ib_pkey: int_var(get, "NCCL_IB_PKEY", 0, 65535) as u16,
             ib_ece: int_var(get, "NCCL_IB_ECE_ENABLE", 0, 1) == 1,
             ib_return_async_events: int_var(get, "NCCL_IB_RETURN_ASYNC_EVENTS", 0, 1) == 1,
+            ib_warn_rail_local: int_var(get, "NCCL_IB_WARN_RAIL_LOCAL", 0, 1) == 1,
             ib_mqp_retry: crate::transport::verbs::res::MqpRetry {
                 all: int_var(get, "NCCL_IB_MQP_RETRY_ALL", 0, 1) == 1,
                 count: int_var(get, "NCCL_IB_MQP_RETRY_CNT", 0, 1000) as u32,

@@ -145,13 +145,14 @@ pub mod meta {
     /// Members of the sending side's device (1, or the ports of a fused one); the fields above
     /// describe member 0, a [`member`] block each of the others.
     pub const MEMBERS: F = f(158, 1);
-    pub const RESERVED: F = f(159, 1);
+    /// Member 0's device index on its host (the plugin's device number of that port).
+    pub const DEV_INDEX: F = f(159, 1);
     /// Members 1..8, 32 bytes each: GID, LID, port, MTU and the FIFO's and ring's keys there.
     pub const EXTRA: F = f(160, 224);
     /// Enhanced connection establishment, an [`ece`] block per queue pair (16 of them).
     pub const ECE: F = f(384, 256);
     const _: () = assert!(fits(
-        &[MAGIC, VERSION, LENGTH, NQPS, LINK_LAYER, PORT, MTU, LID, TC, SL, GID, FIFO_ADDR, FIFO_RKEY, RING_RKEY, DEV_NAME, QPNS, RING_ADDR, EAGER_MAX, RING_SLOTS, MEMBERS, RESERVED, EXTRA, ECE],
+        &[MAGIC, VERSION, LENGTH, NQPS, LINK_LAYER, PORT, MTU, LID, TC, SL, GID, FIFO_ADDR, FIFO_RKEY, RING_RKEY, DEV_NAME, QPNS, RING_ADDR, EAGER_MAX, RING_SLOTS, MEMBERS, DEV_INDEX, EXTRA, ECE],
         SIZE
     ));
     /// Queue pair `q`'s ECE block: `struct ibv_ece`'s three words and whether they are set (the
@@ -182,8 +183,10 @@ pub mod meta {
         pub const MTU: F = f(19, 1);
         pub const FIFO_RKEY: F = f(20, 4);
         pub const RING_RKEY: F = f(24, 4);
-        pub const RESERVED: F = f(28, 4);
-        const _: () = assert!(fits(&[GID, LID, PORT, MTU, FIFO_RKEY, RING_RKEY, RESERVED], SIZE));
+        /// The member's device index on its host.
+        pub const DEV_INDEX: F = f(28, 1);
+        pub const RESERVED: F = f(29, 3);
+        const _: () = assert!(fits(&[GID, LID, PORT, MTU, FIFO_RKEY, RING_RKEY, DEV_INDEX, RESERVED], SIZE));
         const _: () = assert!(7 * SIZE == super::EXTRA.len);
         /// Field `x` of member `m`'s block.
         pub const fn at(m: usize, x: F) -> F {

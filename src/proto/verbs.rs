@@ -39,6 +39,8 @@ pub struct Meta {
     pub ring_slots: u16,
     /// Largest message sent eagerly (the ring slot holds it after an [`EagerHdr`]).
     pub eager_max: u32,
+    /// Member 0's device index on its host (the plugin's device number of its port).
+    pub dev_index: u8,
     /// Members 1.. of a fused device (the fields above describe member 0).
     pub extra: Vec<MemberMeta>,
     /// Per queue pair (as many as `qpns`, or none): its ECE, None where unsupported.
@@ -65,6 +67,8 @@ pub struct MemberMeta {
     pub mtu: u8,
     pub fifo_rkey: u32,
     pub ring_rkey: u32,
+    /// The member's device index on its host.
+    pub dev_index: u8,
 }
 
 impl Meta {
@@ -75,7 +79,15 @@ impl Meta {
     /// Member `m`'s address and keys.
     pub fn member(&self, m: usize) -> MemberMeta {
         if m == 0 {
-            MemberMeta { gid: self.gid, lid: self.lid, port: self.port, mtu: self.mtu, fifo_rkey: self.fifo_rkey, ring_rkey: self.ring_rkey }
+            MemberMeta {
+                gid: self.gid,
+                lid: self.lid,
+                port: self.port,
+                mtu: self.mtu,
+                fifo_rkey: self.fifo_rkey,
+                ring_rkey: self.ring_rkey,
+                dev_index: self.dev_index,
+            }
         } else {
             self.extra[m - 1]
         }
@@ -137,6 +149,7 @@ impl Meta {
         put_u16(&mut b, RING_SLOTS, self.ring_slots);
         let extra = &self.extra[..self.extra.len().min(MAX_MEMBERS - 1)];
         put_u8(&mut b, MEMBERS, 1 + extra.len() as u8);
+        put_u8(&mut b, DEV_INDEX, self.dev_index);
         for (i, x) in extra.iter().enumerate() {
             let at = |fl| member::at(i + 1, fl);
             put(&mut b, at(member::GID), &x.gid);
@@ -145,6 +158,7 @@ impl Meta {
             put_u8(&mut b, at(member::MTU), x.mtu);
             put_u32(&mut b, at(member::FIFO_RKEY), x.fifo_rkey);
             put_u32(&mut b, at(member::RING_RKEY), x.ring_rkey);
+            put_u8(&mut b, at(member::DEV_INDEX), x.dev_index);
         }
         for (q, e) in self.ece.iter().take(MAX_QPS).enumerate() {
             if let Some(e) = e {
@@ -215,6 +229,7 @@ impl Meta {
                 mtu,
                 fifo_rkey: get_u32(b, at(member::FIFO_RKEY)),
                 ring_rkey: get_u32(b, at(member::RING_RKEY)),
+                dev_index: get_u8(b, at(member::DEV_INDEX)),
             });
         }
         Ok(Meta {
@@ -234,6 +249,7 @@ impl Meta {
             ring_rkey: get_u32(b, RING_RKEY),
             ring_slots,
             eager_max,
+            dev_index: get_u8(b, DEV_INDEX),
             extra,
             ece: (0..nqps as usize)
                 .map(|q| {
@@ -640,6 +656,7 @@ mod tests {
             ring_rkey: 0x1234,
             ring_slots: 32,
             eager_max: 8192,
+            dev_index: 3,
             extra: Vec::new(),
             ece: vec![None, None],
         }
@@ -652,7 +669,7 @@ mod tests {
         assert_eq!(m.members(), 1);
         // A fused device's further members, each with its own address and keys.
         let mut f = meta();
-        f.extra = (1..8).map(|i| MemberMeta { gid: [i; 16], lid: i as u16, port: 1, mtu: 4, fifo_rkey: 100 + i as u32, ring_rkey: 200 + i as u32 }).collect();
+        f.extra = (1..8).map(|i| MemberMeta { gid: [i; 16], lid: i as u16, port: 1, mtu: 4, fifo_rkey: 100 + i as u32, ring_rkey: 200 + i as u32, dev_index: 10 + i }).collect();
         let d = Meta::decode(&f.encode()).unwrap();
         assert_eq!(d, f);
         assert_eq!((d.members(), d.member(0).fifo_rkey, d.member(3).ring_rkey, d.member(7).gid), (8, 0xabcd, 203, [7; 16]));

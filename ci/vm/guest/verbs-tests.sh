@@ -192,6 +192,19 @@ for api in 9 10 11 12; do
 done
 step fused-conformance-v12-eager0-4qp env RIVET_IB_EAGER_MAX=0 NCCL_IB_QPS_PER_CONNECTION=2 ./conformance --lib $LIB --api 12 --fuse 0,2 --fuse2 1,3
 step fused-conformance-v12-ar env NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=0 ./conformance --lib $LIB --api 12 --fuse 0,2 --fuse2 1,3
+# NCCL_IB_WARN_RAIL_LOCAL=1: a fused rxe0+rxe2 against rxe1+rxe3 (other devices on each side)
+# logs net_ib's INFO at accept; the same members on both sides, or the variable unset, do not.
+raillocal() {
+  NCCL_IB_WARN_RAIL_LOCAL=1 NCCL_DEBUG=INFO ./conformance -v --lib $LIB --api 12 --fuse 0,2 --fuse2 1,3 --case sizes > /tmp/rl.log 2>&1 || { cat /tmp/rl.log; return 1; }
+  grep -m2 "mismatched physical devices" /tmp/rl.log | sed 's/^/# /'
+  grep -qE "mismatched physical devices between local \((0,2|1,3)\) and remote \((1,3|0,2)\)" /tmp/rl.log || { echo "no INFO about the mismatched members"; return 1; }
+  NCCL_IB_WARN_RAIL_LOCAL=1 NCCL_DEBUG=INFO ./conformance -v --lib $LIB --api 12 --fuse 0,2 --fuse2 0,2 --case sizes > /tmp/rl.log 2>&1 || { cat /tmp/rl.log; return 1; }
+  grep -q "mismatched physical devices" /tmp/rl.log && { echo "an INFO about members that match"; return 1; }
+  NCCL_DEBUG=INFO ./conformance -v --lib $LIB --api 12 --fuse 0,2 --fuse2 1,3 --case sizes > /tmp/rl.log 2>&1 || { cat /tmp/rl.log; return 1; }
+  grep -q "mismatched physical devices" /tmp/rl.log && { echo "an INFO without NCCL_IB_WARN_RAIL_LOCAL"; return 1; }
+  return 0
+}
+step rail-local raillocal
 fused_perf() {
   RIVET_STATS=1 NCCL_DEBUG=INFO ./rivet perf --lib $LIB --dev 0+2,1+3 --sizes 64K,4M --bytes 32M --lat-iters 100 > /tmp/fp.log 2>&1 || { cat /tmp/fp.log; return 1; }
   grep -E "^#|^ +[0-9]|made virtual device|striped" /tmp/fp.log | sort | uniq -c | sort -rn | head -20

@@ -55,6 +55,17 @@ fn receiver_tc(fifo_tc: Option<u8>, roce: bool, sender_tc: u8) -> u8 {
 }
 
 
+/// NCCL_IB_WARN_RAIL_LOCAL's test, as net_ib makes it on the accepting side: the two sides'
+/// devices (each host's own device indices of their members) do not all match.
+fn rails_differ(local: &[u8], remote: &[u8]) -> bool {
+    let common = local.iter().filter(|d| remote.contains(d)).count();
+    common < local.len().max(remote.len())
+}
+
+fn join(v: &[u8]) -> String {
+    v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+}
+
 /// Local resources of a connection before its QPs are connected.
 enum Local {
     Send { qps: Vec<QpInit>, cqs: Vec<Cq>, mem: [RegBuf; 2], parts: send::Parts },
@@ -230,7 +241,15 @@ impl Setup {
             Local::Send { .. } => (0, [0; MAX_MEMBERS], 0, 0),
         };
         let extra = (1..ln)
-            .map(|m| MemberMeta { gid: ps[m].gid, lid: ps[m].lid, port: ps[m].port, mtu: ps[m].mtu as u8, fifo_rkey: fifo_addr.1[m], ring_rkey: ring_keys[m] })
+            .map(|m| MemberMeta {
+                gid: ps[m].gid,
+                lid: ps[m].lid,
+                port: ps[m].port,
+                mtu: ps[m].mtu as u8,
+                fifo_rkey: fifo_addr.1[m],
+                ring_rkey: ring_keys[m],
+                dev_index: ps[m].index,
+            })
             .collect();
         let m = Meta {
             nqps: nq as u8,
@@ -249,6 +268,7 @@ impl Setup {
             ring_rkey: ring_keys[0],
             ring_slots,
             eager_max,
+            dev_index: p.index,
             extra,
             ece: self.ece.clone(),
         };
@@ -436,6 +456,19 @@ impl Setup {
                     }
                     self.nqps = m.nqps as usize;
                     self.rem_members = m.members();
+                    if config::get().ib_warn_rail_local {
+                        let local: Vec<u8> = self.ports.iter().map(|p| p.index).collect();
+                        let remote: Vec<u8> = (0..m.members()).map(|i| m.member(i).dev_index).collect();
+                        if rails_differ(&local, &remote) {
+                            log::info!(
+                                "NET/rivet: there are mismatched physical devices between local ({}) and remote ({}) (the connection from {} on {}); to disable this message, set NCCL_IB_WARN_RAIL_LOCAL=0",
+                                join(&local),
+                                join(&remote),
+                                self.peer,
+                                self.name
+                            );
+                        }
+                    }
                     self.create_local()?;
                     self.connect_qps(&m)?;
                     self.peer_meta = Some(m);
@@ -538,5 +571,14 @@ mod qos_tests {
         assert_eq!(receiver_tc(Some(8), true, 106), 8, "NCCL_IB_FIFO_TC on RoCE");
         assert_eq!(receiver_tc(Some(8), false, 106), 106, "not on InfiniBand");
         assert_eq!(receiver_tc(None, true, 106), 106);
+    }
+
+    #[test]
+    fn rail_local_compares_the_members_device_indices() {
+        assert!(!rails_differ(&[0], &[0]));
+        assert!(!rails_differ(&[0, 2], &[2, 0]));
+        assert!(rails_differ(&[0], &[1]));
+        assert!(rails_differ(&[0, 2], &[0]), "a member more on one side");
+        assert!(rails_differ(&[0, 2], &[1, 3]));
     }
 }

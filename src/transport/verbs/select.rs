@@ -129,6 +129,47 @@ pub fn address_vector(roce: bool, local_gid: &[u8; 16], grh_required: bool, remo
     Av { global: !same || grh_required || remote_lid == 0, dlid, traffic_class: 0, no_flid: !same && f == 0 }
 }
 
+/// A GID worth comparing: not all zeros, and not a bare link-local prefix (fe80::/64 with
+/// nothing else), as net_ib's validGid.
+pub fn valid_gid(g: &[u8; 16]) -> bool {
+    g.iter().any(|&b| b != 0) && !(g[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0] && g[8..].iter().all(|&b| b == 0))
+}
+
+fn ipv4_mapped(g: &[u8; 16]) -> bool {
+    (g[..10].iter().all(|&b| b == 0) || g[..2] == [0xff, 0x0e] && g[2..10].iter().all(|&b| b == 0)) && g[10..12] == [0xff, 0xff]
+}
+
+/// NCCL_IB_SUBNET_AWARE_ROUTING's test of two RoCE GIDs: the same family, and for IPv4 the same
+/// first `prefix_len` bits (NCCL_IB_SUBNET_PREFIX_LEN), for IPv6 the same 64-bit prefix.
+pub fn same_subnet(a: &[u8; 16], b: &[u8; 16], prefix_len: u8) -> bool {
+    match (ipv4_mapped(a), ipv4_mapped(b)) {
+        (true, true) => {
+            let mask = u32::MAX.checked_shl(32 - prefix_len.clamp(1, 32) as u32).unwrap_or(0);
+            let ip = |g: &[u8; 16]| u32::from_be_bytes([g[12], g[13], g[14], g[15]]);
+            ip(a) & mask == ip(b) & mask
+        }
+        (false, false) => a[..8] == b[..8],
+        _ => false,
+    }
+}
+
+/// The device a connect should use under NCCL_IB_SUBNET_AWARE_ROUTING, as net_ib picks it:
+/// `default` if every RoCE member of it is on a subnet of one of the listener's GIDs `remote`,
+/// else the first other device (`devices[i]`: its RoCE members' GIDs) of which that holds, else
+/// `default`. Listener GIDs that are not valid (an InfiniBand listener sends none) change
+/// nothing.
+pub fn device_by_subnet(remote: &[[u8; 16]], default: usize, devices: &[Vec<[u8; 16]>], prefix_len: u8) -> usize {
+    let remote: Vec<&[u8; 16]> = remote.iter().filter(|g| valid_gid(g)).collect();
+    if remote.is_empty() {
+        return default;
+    }
+    let fits = |d: &Vec<[u8; 16]>| !d.is_empty() && d.iter().all(|l| valid_gid(l) && remote.iter().any(|r| same_subnet(l, r, prefix_len)));
+    if devices.get(default).is_some_and(fits) {
+        return default;
+    }
+    (0..devices.len()).find(|&i| i != default && fits(&devices[i])).unwrap_or(default)
+}
+
 /// The IP address a RoCE GID stands for (IPv4-mapped GIDs give IPv4).
 pub fn gid_ip(gid: &[u8; 16]) -> IpAddr {
     let v6 = Ipv6Addr::from(*gid);
@@ -363,6 +404,35 @@ mod tests {
         let gids = vec![e(0, ib_gid(0, 7, 1)), e(1, ib_gid(0, 7, 1))];
         assert_eq!(ib_gid_index(&gids, 1), 0, "no FLID: index 0");
         assert_eq!((flid(&ib_gid(0xabcd, 1, 0)), ib_subnet(&ib_gid(0, 0x1234, 0))), (0xabcd, 0x1234));
+    }
+
+    #[test]
+    fn subnet_aware_routing_picks_a_device_on_the_listeners_subnet() {
+        let g = |a: [u8; 4]| v4(0, a, None).gid;
+        let rail0 = vec![g([10, 0, 0, 1])];
+        let rail1 = vec![g([10, 0, 1, 1])];
+        let fused = vec![g([10, 0, 0, 3]), g([10, 0, 1, 3])];
+        let devs = vec![rail0.clone(), rail1.clone(), fused];
+        // The listener is on rail 1: device 0 is not, device 1 is.
+        assert_eq!(device_by_subnet(&[g([10, 0, 1, 2]), [0; 16]], 0, &devs, 24), 1);
+        // On the default's subnet: kept.
+        assert_eq!(device_by_subnet(&[g([10, 0, 0, 2])], 0, &devs, 24), 0);
+        // A fused listener on both rails: the default (on one of them) is kept; a fused
+        // connector needs every member on one of the listener's subnets.
+        assert_eq!(device_by_subnet(&[g([10, 0, 0, 2]), g([10, 0, 1, 2])], 2, &devs, 24), 2);
+        assert_eq!(device_by_subnet(&[g([10, 0, 1, 2])], 2, &devs, 24), 1);
+        // No device on the listener's subnet, or no listener GIDs (InfiniBand): the default.
+        assert_eq!(device_by_subnet(&[g([10, 9, 0, 2])], 0, &devs, 24), 0);
+        assert_eq!(device_by_subnet(&[[0; 16], [0; 16]], 1, &devs, 24), 1);
+        // The prefix length decides: /16 puts both rails in one subnet.
+        assert_eq!(device_by_subnet(&[g([10, 0, 1, 2])], 0, &devs, 16), 0);
+        // IPv6 compares the 64-bit prefix; families never match each other.
+        let v6a = v6(0, "fd00:1::1", None).gid;
+        let v6b = v6(0, "fd00:1::2", None).gid;
+        let v6c = v6(0, "fd00:2::1", None).gid;
+        assert!(same_subnet(&v6a, &v6b, 24) && !same_subnet(&v6a, &v6c, 24));
+        assert!(!same_subnet(&v6a, &g([10, 0, 0, 1]), 24));
+        assert!(!valid_gid(&[0; 16]) && valid_gid(&v6a));
     }
 
     #[test]
