@@ -98,6 +98,16 @@ pub const VARS: &[Var] = &[
         meaning: "InfiniBand: the GID index used where that GID holds a FLID (the port is routable across subnets), else GID 0. A peer in another subnet (its GID's 16-bit subnet prefix differs) is reached with a global route header and its FLID as the destination LID (net_ib's meaning).",
     },
     Var {
+        name: "NCCL_IB_SUBNET_AWARE_ROUTING",
+        default: "0",
+        meaning: "1 (RoCE): the listen handle carries up to 2 GIDs of the listening device's members, and a connect uses, instead of the device NCCL gave it, the first device whose RoCE members are all on those GIDs' subnets (NCCL's device when it is, or when none is), as net_ib's connect side does: for fabrics whose rails are separate subnets.",
+    },
+    Var {
+        name: "NCCL_IB_SUBNET_PREFIX_LEN",
+        default: "24",
+        meaning: "IPv4 prefix length (1-32) subnet-aware routing compares RoCE GIDs under; IPv6 GIDs compare their 64-bit prefix (net_ib's meaning).",
+    },
+    Var {
         name: "NCCL_IB_ADDR_FAMILY",
         default: "AF_INET",
         meaning: "Address family of the automatically chosen RoCE GID: AF_INET (IPv4-mapped) or AF_INET6.",
@@ -255,7 +265,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "NCCL_NET_GDR_C2C",
         default: "1",
-        meaning: "As NCCL: 1 makes the default GDR level P2C, so that a GPU joined to its CPU by NVLink-C2C (Grace Hopper) uses GDR with a NIC on that CPU's PCIe; 0: PXB. (rivet's topology probe reads PCI paths only and does not yet recognise a C2C-attached GPU, so on such a node set RIVET_GDR=force or a level of PHB.)",
+        meaning: "As NCCL: 1 makes the default GDR level P2C, so that a GPU joined to its CPU by NVLink-C2C (Grace Hopper; rivet asks NVML, as NCCL does) uses GDR with a NIC on that CPU's PCIe; 0: PXB.",
     },
     Var {
         name: "RIVET_STATS",
@@ -289,6 +299,8 @@ pub struct Config {
     pub ib_query_port_speed: bool,
     pub ib_gid_index: Option<u32>,
     pub ib_routable_flid_gid_index: u32,
+    pub ib_subnet_aware: bool,
+    pub ib_subnet_prefix_len: u8,
     pub ib_addr_family: i32,
     pub ib_addr_range: Option<(std::net::IpAddr, u8)>,
     pub ib_roce_version: u32,
@@ -499,6 +511,8 @@ impl Config {
             ib_query_port_speed: int_var(get, "NCCL_IB_QUERY_PORT_SPEED", 0, 1) == 1,
             ib_gid_index: opt_int_var(get, "NCCL_IB_GID_INDEX", 0, 1023, "auto").map(|v| v as u32),
             ib_routable_flid_gid_index: int_var(get, "NCCL_IB_ROUTABLE_FLID_GID_INDEX", 0, 1023) as u32,
+            ib_subnet_aware: int_var(get, "NCCL_IB_SUBNET_AWARE_ROUTING", 0, 1) == 1,
+            ib_subnet_prefix_len: int_var(get, "NCCL_IB_SUBNET_PREFIX_LEN", 1, 32) as u8,
             ib_addr_family: ib_family_var(get),
             ib_addr_range: range_var(get),
             ib_roce_version: int_var(get, "NCCL_IB_ROCE_VERSION_NUM", 1, 2) as u32,

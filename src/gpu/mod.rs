@@ -4,4 +4,5 @@
 
 pub mod cuda;
 pub mod gdr;
+pub mod nvml;
 pub mod staging;

@@ -21,7 +21,9 @@ pub struct ListenComm {
 
 /// A connect in progress, kept between NCCL's calls: NCCL holds its pointer and a cookie in its
 /// handle buffer, checked against [`STAGES`] before use.
-pub(super) struct Stage(Box<dyn Dialing>);
+/// A connect in progress, and the device it runs on (NCCL's, or the one subnet-aware routing
+/// chose).
+pub(super) struct Stage(Box<dyn Dialing>, i32);
 
 // The connect stages live: pointer and cookie.
 static STAGES: Mutex<Option<HashMap<usize, u64>>> = Mutex::new(None);
@@ -140,7 +142,7 @@ pub unsafe fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
 /// `handle` is NULL or points to NCCL's 128-byte handle buffer, the one of the earlier calls of
 /// this connect (NCCL passes the same buffer until a comm comes back).
 pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) -> Result<*mut c_void> {
-    let d = device(dev)?;
+    device(dev)?;
     // SAFETY: the caller's promise.
     let buf = unsafe { handle_buf(handle)? };
     // A foreign or corrupted handle is reported as such, whatever its stage bytes hold.
@@ -170,6 +172,8 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
         }
         sp as *mut Stage
     } else {
+        let dev = by_subnet(dev, &h)?;
+        let d = device(dev)?;
         if h.transport != d.wire() {
             return Err(Error::usage(format!(
                 "connect: the peer listens with the {} transport but device {dev} here uses {}: every rank must see the same kind of network (set NCCL_IB_DISABLE=1 everywhere to use TCP)",
@@ -178,7 +182,7 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
             )));
         }
         let c = d.connect(&h, traffic_class)?;
-        let p = Box::into_raw(Box::new(Stage(c)));
+        let p = Box::into_raw(Box::new(Stage(c, dev)));
         let cookie = socket::random_u64();
         stage_register(p as usize, cookie);
         proto::stage_set(buf, p as u64, cookie);
@@ -188,6 +192,7 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
     // SAFETY: the stage is live (just created, or found registered with its cookie), and only
     // connect calls, which all hold CONNECTING's lock (`g`), use or free it.
     let stage = unsafe { &mut *conn_ptr };
+    let dev = stage.1;
     let r = stage.0.poll();
     let mut finish = |buf: &mut [u8; HANDLE_SIZE]| {
         let (_, cookie) = proto::stage_get(buf);
@@ -212,6 +217,28 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
             Err(e)
         }
     }
+}
+
+/// NCCL_IB_SUBNET_AWARE_ROUTING, at a connect's first call: NCCL's device if its RoCE members
+/// are on the subnets of the listener's GIDs (in the handle), else the first device, physical or
+/// virtual, that is; NCCL's where none is.
+fn by_subnet(dev: i32, h: &Handle) -> Result<i32> {
+    let cfg = crate::config::get();
+    if !cfg.ib_subnet_aware || h.gids.is_empty() {
+        return Ok(dev);
+    }
+    let n = super::ndevices()?;
+    let gids: Vec<Vec<[u8; 16]>> = (0..n).map(|i| device(i).map(|d| d.roce_gids()).unwrap_or_default()).collect();
+    let chosen = crate::transport::verbs::select::device_by_subnet(&h.gids, dev as usize, &gids, cfg.ib_subnet_prefix_len) as i32;
+    if chosen != dev {
+        log::info!(
+            "NET/rivet: connect to {}: device {dev} is not on the listener's subnet; using device {chosen} ({}), which is (NCCL_IB_SUBNET_AWARE_ROUTING, /{} for IPv4)",
+            h.addr,
+            device(chosen)?.info().name.to_string_lossy(),
+            cfg.ib_subnet_prefix_len
+        );
+    }
+    Ok(chosen)
 }
 
 /// Non-blocking accept: Ok(null) until a connection has fully arrived.

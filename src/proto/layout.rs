@@ -75,10 +75,13 @@ pub mod handle {
     pub const ADDR: F = f(20, 16);
     /// Members of the listening device (protocol 5; 0 before, meaning 1).
     pub const MEMBERS: F = f(36, 1);
+    /// NCCL_IB_SUBNET_AWARE_ROUTING: how many of the listening device's RoCE GIDs follow (0-2).
+    pub const NGIDS: F = f(37, 1);
+    pub const GIDS: F = f(40, 32);
     /// A connect in progress: its state and cookie, in the caller's copy of the handle.
     pub const STAGE: F = f(112, 8);
     pub const STAGE_COOKIE: F = f(120, 8);
-    const _: () = assert!(fits(&[MAGIC, VERSION, TRANSPORT, FAMILY, LISTEN_MAGIC, PORT, ADDR, MEMBERS, STAGE, STAGE_COOKIE], SIZE));
+    const _: () = assert!(fits(&[MAGIC, VERSION, TRANSPORT, FAMILY, LISTEN_MAGIC, PORT, ADDR, MEMBERS, NGIDS, GIDS, STAGE, STAGE_COOKIE], SIZE));
 }
 
 /// The TCP transport's hello, the first 32 bytes of every stream.

@@ -133,6 +133,9 @@ pub struct Handle {
     /// Members of the listening device (1, or the ports of a fused one): the connector makes a
     /// queue pair for each, and CTS entries carry a key per member.
     pub members: u8,
+    /// NCCL_IB_SUBNET_AWARE_ROUTING: up to 2 RoCE GIDs of the listening device's members, so
+    /// that a connector can pick a device on their subnets.
+    pub gids: Vec<[u8; 16]>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,6 +185,11 @@ impl Handle {
         }
         put(out, ADDR, &addr);
         put_u8(out, MEMBERS, self.members);
+        let gids = &self.gids[..self.gids.len().min(2)];
+        put_u8(out, NGIDS, gids.len() as u8);
+        for (i, g) in gids.iter().enumerate() {
+            out[GIDS.off + 16 * i..GIDS.off + 16 * (i + 1)].copy_from_slice(g);
+        }
     }
 
     pub fn decode(b: &[u8; HANDLE_SIZE]) -> Result<Handle, HandleError> {
@@ -204,7 +212,8 @@ impl Handle {
         if members as usize > crate::transport::verbs::fuse::MAX_MEMBERS {
             return Err(HandleError::Members(members));
         }
-        Ok(Handle { transport: get_u8(b, TRANSPORT), magic: get_u64(b, LISTEN_MAGIC), addr: SocketAddr::new(ip, get_u16(b, PORT)), members })
+        let gids = (0..(get_u8(b, NGIDS) as usize).min(2)).map(|i| b[GIDS.off + 16 * i..GIDS.off + 16 * (i + 1)].try_into().unwrap()).collect();
+        Ok(Handle { transport: get_u8(b, TRANSPORT), magic: get_u64(b, LISTEN_MAGIC), addr: SocketAddr::new(ip, get_u16(b, PORT)), members, gids })
     }
 }
 
@@ -365,7 +374,7 @@ mod tests {
     #[test]
     fn handle_roundtrip_and_stage() {
         for addr in ["127.0.0.1:4242", "[fd00::2]:65535"] {
-            let h = Handle { transport: TRANSPORT_SOCKET, magic: 0xdead_beef_1234, addr: addr.parse().unwrap(), members: 1 };
+            let h = Handle { transport: TRANSPORT_SOCKET, magic: 0xdead_beef_1234, addr: addr.parse().unwrap(), members: 1, gids: Vec::new() };
             let mut b = [0xffu8; HANDLE_SIZE];
             h.encode(&mut b);
             assert_eq!(stage_get(&b), (0, 0), "a fresh handle has no connect stage");
@@ -379,7 +388,7 @@ mod tests {
     fn handle_rejects_foreign_bytes() {
         let mut b = [0u8; HANDLE_SIZE];
         assert!(matches!(Handle::decode(&b), Err(HandleError::NotRivet(0))));
-        let h = Handle { transport: 1, magic: 5, addr: "1.2.3.4:5".parse().unwrap(), members: 3 };
+        let h = Handle { transport: 1, magic: 5, addr: "1.2.3.4:5".parse().unwrap(), members: 3, gids: vec![[7; 16], [9; 16]] };
         h.encode(&mut b);
         b[4] = 9;
         assert_eq!(Handle::decode(&b), Err(HandleError::Version(9)));

@@ -152,6 +152,9 @@ pub struct Topology {
     pub nics: Vec<Nic>,
     /// `devices/system/node/nodeN`, sorted.
     pub numa_nodes: Vec<u32>,
+    /// GPUs joined to their CPU by NVLink-C2C (Grace Hopper), by address: NVML's answer on this
+    /// machine (sysfs cannot tell), none for a sysfs copy.
+    pub c2c: Vec<String>,
 }
 
 impl Topology {
@@ -197,7 +200,8 @@ impl Topology {
             .filter_map(|n| n.strip_prefix("node").and_then(|d| d.parse().ok()))
             .collect();
         numa_nodes.sort_unstable();
-        Topology { root: root.to_path_buf(), gpus, nics, numa_nodes }
+        let c2c = if root == Path::new("/sys") { gpus.iter().filter(|g| crate::gpu::nvml::c2c(&g.addr)).map(|g| g.addr.clone()).collect() } else { Vec::new() };
+        Topology { root: root.to_path_buf(), gpus, nics, numa_nodes, c2c }
     }
 
     /// The root `RIVET_SYSFS_ROOT` names, else `/sys`.
@@ -230,7 +234,19 @@ impl Topology {
     pub fn path(&self, gpu_bus_id: &str, nic_name: &str) -> PathClass {
         let gpu = self.pci(gpu_bus_id);
         let nic = self.nic(nic_name).and_then(|n| n.pci.as_ref());
-        classify(gpu.as_ref(), nic, self.numa_nodes.len() <= 1)
+        let class = classify(gpu.as_ref(), nic, self.numa_nodes.len() <= 1);
+        with_c2c(class, gpu.is_some_and(|g| self.c2c.contains(&g.addr)))
+    }
+}
+
+/// A GPU joined to its CPU by NVLink-C2C reaches a NIC on that CPU's PCIe (through the host
+/// bridge, or another root complex of its NUMA node) over C2C and then PCIe: NCCL's P2C, which
+/// NCCL_NET_GDR_C2C=1 (the default level) allows GDR over.
+pub fn with_c2c(class: PathClass, gpu_c2c: bool) -> PathClass {
+    if gpu_c2c && matches!(class, PathClass::Phb | PathClass::Node) {
+        PathClass::P2c
+    } else {
+        class
     }
 }
 

@@ -77,6 +77,10 @@ pub trait Transport: Send + Sync {
     fn describe(&self) -> String;
     /// Which buffer kinds NCCL may pass.
     fn ptr_support(&self) -> PtrSupport;
+    /// The RoCE GIDs of the device's members (NCCL_IB_SUBNET_AWARE_ROUTING); none elsewhere.
+    fn roce_gids(&self) -> Vec<[u8; 16]> {
+        Vec::new()
+    }
     /// Listen for connections; the handle goes to the connecting peer through NCCL.
     fn listen(&'static self) -> Result<(Box<dyn Listening>, Handle)>;
     /// Start connecting to the listener behind `peer` (its transport already checked to be this

@@ -192,6 +192,21 @@ for api in 9 10 11 12; do
 done
 step fused-conformance-v12-eager0-4qp env RIVET_IB_EAGER_MAX=0 NCCL_IB_QPS_PER_CONNECTION=2 ./conformance --lib $LIB --api 12 --fuse 0,2 --fuse2 1,3
 step fused-conformance-v12-ar env NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=0 ./conformance --lib $LIB --api 12 --fuse 0,2 --fuse2 1,3
+# NCCL_IB_SUBNET_AWARE_ROUTING=1: the rails are two subnets (rxe0/rxe1 on 10.0.0.0/24, rxe2/rxe3
+# on 10.0.1.0/24). Rank 0 is given rxe2 and rank 1 rxe1: each connect moves to the device on its
+# listener's subnet (the first such device: rxe0, and rxe2, the listener's own, as both ranks
+# share the VM) and says so; the case passes. With /16 both rails are one subnet: nothing moves.
+subnet() {
+  NCCL_IB_SUBNET_AWARE_ROUTING=1 NCCL_DEBUG=INFO ./conformance -v --lib $LIB --api 12 --dev 2 --dev2 1 --case sizes > /tmp/sn.log 2>&1 || { cat /tmp/sn.log; return 1; }
+  grep "^PASS" /tmp/sn.log
+  grep "NCCL_IB_SUBNET_AWARE_ROUTING" /tmp/sn.log | sed 's/^/# /'
+  grep -q "device 2 is not on the listener's subnet; using device 0 (rxe0)" /tmp/sn.log || { echo "rank 0's connect did not move to rxe0"; return 1; }
+  grep -q "device 1 is not on the listener's subnet; using device 2 (rxe2)" /tmp/sn.log || { echo "rank 1's connect did not move to rxe2"; return 1; }
+  NCCL_IB_SUBNET_AWARE_ROUTING=1 NCCL_IB_SUBNET_PREFIX_LEN=16 NCCL_DEBUG=INFO ./conformance -v --lib $LIB --api 12 --dev 2 --dev2 1 --case sizes > /tmp/sn.log 2>&1
+  grep -q "not on the listener's subnet" /tmp/sn.log && { echo "a connect moved although /16 puts both rails in one subnet"; return 1; }
+  return 0
+}
+step subnet-aware subnet
 # NCCL_IB_WARN_RAIL_LOCAL=1: a fused rxe0+rxe2 against rxe1+rxe3 (other devices on each side)
 # logs net_ib's INFO at accept; the same members on both sides, or the variable unset, do not.
 raillocal() {

@@ -132,7 +132,7 @@ impl Listener {
         let (fd, addr) = sock::listen(iface.addr)
             .map_err(|e| Error::system(format!("listen on {} ({}): {e}", iface.name, iface.addr)))?;
         let magic = random_u64();
-        let h = Handle { transport, magic, addr, members: 1 };
+        let h = Handle { transport, magic, addr, members: 1, gids: Vec::new() };
         Ok((Listener { fd, addr, magic, timeout, pending: Vec::new(), groups: Vec::new(), rejects: RejectLog::new() }, h))
     }
 

@@ -260,9 +260,16 @@ impl Transport for VerbsDevice {
         PtrSupport { cuda: dmabuf || peermem || cfg.gdr == gdr::Mode::Force, dmabuf }
     }
 
+    fn roce_gids(&self) -> Vec<[u8; 16]> {
+        self.ports.iter().filter(|p| p.is_roce()).map(|p| p.gid).collect()
+    }
+
     fn listen(&'static self) -> Result<(Box<dyn Listening>, Handle)> {
         let (listener, mut h) = Listener::new(&self.oob, TRANSPORT_VERBS, config::get().timeout())?;
         h.members = self.ports.len() as u8;
+        if config::get().ib_subnet_aware {
+            h.gids = self.roce_gids().into_iter().take(2).collect();
+        }
         Ok((Box::new(VerbsListen { ports: self.ports, name: self.name(), listener, setups: Vec::new() }), h))
     }
 
