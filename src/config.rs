@@ -188,6 +188,11 @@ pub const VARS: &[Var] = &[
         meaning: "Queue pairs per connection (1-16), NCCL's default; each message above the eager limit is split across them in 128-byte-aligned chunks. More spread a connection over ECMP paths (on Soft-RoCE, its work over CPUs: docs/benchmarks.md), at a queue pair and its queues' memory each. On a fused device, per member (of the larger side).",
     },
     Var {
+        name: "NCCL_IB_SPLIT_DATA_ON_QPS",
+        default: "0",
+        meaning: "With several queue pairs per member (NCCL_IB_QPS_PER_CONNECTION above 1): 0, net_ib's default, sends each message above the eager limit on one queue pair per member of the larger side, moving to the next queue pairs with each message; 1 splits every such message over all the queue pairs (net_ib's meaning; set on the connecting side, the accepting side follows it).",
+    },
+    Var {
         name: "NCCL_IB_ADAPTIVE_ROUTING",
         default: "auto",
         meaning: "Adaptive routing (the fabric may place a queue pair's packets out of order): auto, as net_ib: on for InfiniBand ports, off for RoCE; 1 or 0 forces it. On (every member of the device must have it), a message above NCCL_IB_AR_THRESHOLD goes as plain RDMA writes followed by a separate zero-byte completion, and the receiver writes one credit word at a time.",
@@ -315,6 +320,7 @@ pub struct Config {
     pub ib_warn_rail_local: bool,
     pub ib_mqp_retry: crate::transport::verbs::res::MqpRetry,
     pub ib_qps: usize,
+    pub ib_split_data_on_qps: bool,
     pub ib_merge_nics: bool,
     pub ib_failover: bool,
     pub ib_recovery: bool,
@@ -531,6 +537,7 @@ impl Config {
                 sleep_ms: int_var(get, "NCCL_IB_MQP_RETRY_SLEEP_MSEC", 0, 60_000),
             },
             ib_qps: int_var(get, "NCCL_IB_QPS_PER_CONNECTION", 1, 16) as usize,
+            ib_split_data_on_qps: int_var(get, "NCCL_IB_SPLIT_DATA_ON_QPS", 0, 1) == 1,
             ib_merge_nics: int_var(get, "NCCL_IB_MERGE_NICS", 0, 1) == 1,
             ib_failover: int_var(get, "NCCL_IB_RESILIENCY_PORT_FAILOVER", 0, 1) == 1,
             ib_recovery: int_var(get, "NCCL_IB_RESILIENCY_PORT_RECOVERY", 0, 1) == 1,

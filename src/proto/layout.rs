@@ -120,10 +120,10 @@ pub mod msg {
     const _: () = assert!(fits(&[MAGIC, SEQ, LEN, TAG, RESERVED], SIZE));
 }
 
-/// The 640-byte metadata each side of a verbs connection sends once.
+/// The 648-byte metadata each side of a verbs connection sends once.
 pub mod meta {
     use super::{f, fits, F};
-    pub const SIZE: usize = 640;
+    pub const SIZE: usize = 648;
     pub const MAGIC: F = f(0, 4);
     pub const VERSION: F = f(4, 2);
     pub const LENGTH: F = f(6, 2);
@@ -154,8 +154,11 @@ pub mod meta {
     pub const EXTRA: F = f(160, 224);
     /// Enhanced connection establishment, an [`ece`] block per queue pair (16 of them).
     pub const ECE: F = f(384, 256);
+    /// The sender's: parts each rendezvous message is split into (NCCL_IB_SPLIT_DATA_ON_QPS).
+    pub const PARTS: F = f(640, 1);
+    pub const RESERVED: F = f(641, 7);
     const _: () = assert!(fits(
-        &[MAGIC, VERSION, LENGTH, NQPS, LINK_LAYER, PORT, MTU, LID, TC, SL, GID, FIFO_ADDR, FIFO_RKEY, RING_RKEY, DEV_NAME, QPNS, RING_ADDR, EAGER_MAX, RING_SLOTS, MEMBERS, DEV_INDEX, EXTRA, ECE],
+        &[MAGIC, VERSION, LENGTH, NQPS, LINK_LAYER, PORT, MTU, LID, TC, SL, GID, FIFO_ADDR, FIFO_RKEY, RING_RKEY, DEV_NAME, QPNS, RING_ADDR, EAGER_MAX, RING_SLOTS, MEMBERS, DEV_INDEX, EXTRA, ECE, PARTS, RESERVED],
         SIZE
     ));
     /// Queue pair `q`'s ECE block: `struct ibv_ece`'s three words and whether they are set (the

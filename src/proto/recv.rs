@@ -96,6 +96,8 @@ struct Copying {
 
 pub struct RecvEngine {
     nqps: usize,
+    /// Parts each rendezvous message arrives in (the sender's, from its metadata).
+    nparts: usize,
     ring_slots: usize,
     eager_max: usize,
     /// Sequence number of the next receive's first send.
@@ -121,6 +123,15 @@ pub struct RecvEngine {
 }
 
 impl RecvEngine {
+    /// Count `n` parts per rendezvous message (the sender's split, at most one per queue pair).
+    pub fn set_parts(&mut self, n: usize) {
+        self.nparts = n.clamp(1, self.nqps);
+    }
+
+    pub fn parts(&self) -> usize {
+        self.nparts
+    }
+
     /// `origin`: the sequence number and clear-to-send index the sender starts from.
     pub fn new(nqps: usize, ring_slots: usize, eager_max: usize, origin: super::send::Origin) -> RecvEngine {
         let mut free = Vec::with_capacity(RECV_REQS);
@@ -129,6 +140,7 @@ impl RecvEngine {
         free_flush.extend((RECV_REQS as u16..(RECV_REQS + FLUSH_REQS) as u16).rev());
         RecvEngine {
             nqps: nqps.max(1),
+            nparts: nqps.max(1),
             ring_slots: ring_slots.max(1),
             eager_max,
             next_base: origin.seq,
@@ -231,7 +243,7 @@ impl RecvEngine {
         let owner = owner as usize;
         let r = &mut self.reqs[owner];
         let e = entry as usize;
-        if !r.posted || r.flush || e >= r.n as usize || r.entries[e].done || part as usize >= self.nqps {
+        if !r.posted || r.flush || e >= r.n as usize || r.entries[e].done || part as usize >= self.nparts {
             return Err(ProtoError::StrayImm { slot, entry });
         }
         let en = &mut r.entries[e];
@@ -241,7 +253,7 @@ impl RecvEngine {
             return Ok(());
         }
         en.parts |= 1 << part;
-        if en.parts.count_ones() as usize == self.nqps {
+        if en.parts.count_ones() as usize == self.nparts {
             if size > en.spec.size {
                 return Err(ProtoError::CorruptSize { size, recv: en.spec.size });
             }
@@ -256,7 +268,7 @@ impl RecvEngine {
     /// first, so nothing more arrives through them): the eager slots, and the rendezvous parts
     /// of every incomplete receive with a clear-to-send out. `dead`: the failed queue pairs.
     pub fn resync(&self, dead: u32) -> Resync {
-        let full = ((1u32 << self.nqps) - 1) as u16;
+        let full = ((1u32 << self.nparts) - 1) as u16;
         let recvs = self
             .order
             .iter()
@@ -316,6 +328,16 @@ impl RecvEngine {
         let Some(owner) = self.owner_of(h.seq) else {
             if seq_offset(h.seq, self.next_base) >= 0 {
                 return Ok(EagerStep::Wait);
+            }
+            if h.flags & EAGER_DATA == 0 {
+                // An announcement read after its receive completed: its rendezvous data went on
+                // a queue pair of its own (NCCL_IB_SPLIT_DATA_ON_QPS=0 rotates the parts over
+                // them) and landed first. It has nothing more to say.
+                if h.flags & EAGER_URGENT != 0 {
+                    self.credit_urgent = true;
+                }
+                self.ring_done += 1;
+                return Ok(EagerStep::Consumed);
             }
             return Err(ProtoError::EagerStale { seq: h.seq });
         };

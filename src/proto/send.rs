@@ -100,6 +100,9 @@ pub enum Close {
 /// message to `target.addr + off`, then complete the part if `close` says so (signaled).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RdvStep {
+    /// The part of the message, which its immediate names.
+    pub part: usize,
+    /// The logical queue pair it goes on.
     pub q: usize,
     pub data: Option<(usize, usize)>,
     pub close: Option<Close>,
@@ -127,6 +130,8 @@ struct Rdv {
     /// The clear-to-send index and entry of the buffer it writes into.
     cts: u64,
     entry: u8,
+    /// The logical queue pair of part 0; part p goes on `(base + p) % nqps`.
+    base: u8,
 }
 
 /// An eager ring slot's last write: what to write again if it was lost with a failed member.
@@ -164,6 +169,10 @@ struct Group {
 
 pub struct SendEngine {
     nqps: usize,
+    /// Parts a rendezvous message is split into (NCCL_IB_SPLIT_DATA_ON_QPS=1: one per queue
+    /// pair; 0: one per member of the larger side, on a block of queue pairs that rotates with
+    /// the clear-to-send index).
+    nparts: usize,
     ring: RingSpec,
     seq: u32,
     /// Eager ring slots written so far (the next is `eager_sent % ring.slots`).
@@ -198,6 +207,17 @@ impl SendEngine {
         self.ar_threshold = threshold;
     }
 
+    /// Split each rendezvous message into `n` parts (at most one per queue pair): part p of the
+    /// message for clear-to-send index k goes on logical queue pair `(k * n + p) % nqps`. The
+    /// receiver must count the same number of parts.
+    pub fn set_parts(&mut self, n: usize) {
+        self.nparts = n.clamp(1, self.nqps);
+    }
+
+    pub fn parts(&self) -> usize {
+        self.nparts
+    }
+
     /// Whether a write of `len` bytes must not carry its own immediate (adaptive routing, above
     /// the threshold): its data goes as a plain write, a zero-byte one with the immediate after.
     pub fn ar_split(&self, len: usize) -> bool {
@@ -209,6 +229,7 @@ impl SendEngine {
         free.extend((0..SEND_REQS as u16).rev());
         SendEngine {
             nqps: nqps.clamp(1, MAX_QPS),
+            nparts: nqps.clamp(1, MAX_QPS),
             ring,
             seq: origin.seq,
             eager_sent: 0,
@@ -375,7 +396,7 @@ impl SendEngine {
         g.used |= 1 << r;
         let slot = g.slot as usize;
         let req = self.free.pop().unwrap();
-        let sized = self.nqps == 1 && size < IMM_SIZE_LIMIT;
+        let sized = self.nparts == 1 && size < IMM_SIZE_LIMIT;
         let target = RdvTarget {
             addr: cts.addr,
             rkey: cts.rkey,
@@ -384,10 +405,11 @@ impl SendEngine {
             sized,
             sizes_off: (slot * SIZES_ENTRY + r * 8) as u64,
         };
-        self.rdv[req as usize] = Rdv { target, closed: 0, acked: 0, cts: g.index, entry: r as u8 };
+        let base = ((g.index % self.nqps as u64) as usize * self.nparts % self.nqps) as u8;
+        self.rdv[req as usize] = Rdv { target, closed: 0, acked: 0, cts: g.index, entry: r as u8, base };
         let nq = self.nqps;
         self.rdv_posted[req as usize * nq..][..nq].fill(0);
-        self.reqs[req as usize] = SendReq { posted: true, pending: self.nqps as u32, size, ring_index: 0 };
+        self.reqs[req as usize] = SendReq { posted: true, pending: self.nparts as u32, size, ring_index: 0 };
         self.seq = seq.wrapping_add(1);
         Ok(SendPlan::Rdv { req, target })
     }
@@ -407,19 +429,19 @@ impl SendEngine {
     /// Whether rendezvous send `req` still has parts to post.
     pub fn rdv_open(&self, req: u16) -> bool {
         let i = req as usize;
-        i < SEND_REQS && self.reqs[i].posted && self.rdv[i].target.size > 0 && self.rdv[i].closed != (1u32 << self.nqps) - 1
+        i < SEND_REQS && self.reqs[i].posted && self.rdv[i].target.size > 0 && self.rdv[i].closed != (1u32 << self.nparts) - 1
     }
 
     /// Whether `rdv_steps(req, ready)` would post anything: new bytes, or a part's completing write.
     pub fn rdv_has_new(&self, req: u16, ready: usize) -> bool {
-        let nq = self.nqps;
+        let (nq, np) = (self.nqps, self.nparts);
         let Some(p) = self.rdv.get(req as usize) else { return false };
-        let posted = &self.rdv_posted[req as usize * nq..][..nq];
+        let posted = &self.rdv_posted[req as usize * nq..][..np];
         let ready = ready.min(p.target.size);
-        posted.iter().enumerate().any(|(q, &done)| {
-            let (off, len) = qp_chunk(p.target.size, nq, q);
+        posted.iter().enumerate().any(|(part, &done)| {
+            let (off, len) = qp_chunk(p.target.size, np, part);
             let avail = ready.saturating_sub(off).min(len);
-            p.closed & (1 << q) == 0 && (avail > done || avail == len)
+            p.closed & (1 << part) == 0 && (avail > done || avail == len)
         })
     }
 
@@ -427,19 +449,19 @@ impl SendEngine {
     /// queue pair, the new bytes of its part, and once the part is complete the write that
     /// carries the immediate. Returns the number of steps written to `out`.
     pub fn rdv_steps(&mut self, req: u16, ready: usize, out: &mut [RdvStep; MAX_QPS]) -> usize {
-        let nq = self.nqps;
+        let (nq, np) = (self.nqps, self.nparts);
         let Some(p) = self.rdv.get_mut(req as usize) else { return 0 };
-        let posted = &mut self.rdv_posted[req as usize * nq..][..nq];
+        let posted = &mut self.rdv_posted[req as usize * nq..][..np];
         let size = p.target.size;
         let ready = ready.min(size);
         // Adaptive routing, above its threshold: no write carries its own immediate.
         let split = self.ar_threshold.is_some_and(|t| size > t);
         let mut k = 0;
-        for (q, done) in posted.iter_mut().enumerate() {
-            if p.closed & (1 << q) != 0 {
+        for (part, done) in posted.iter_mut().enumerate() {
+            if p.closed & (1 << part) != 0 {
                 continue;
             }
-            let (off, len) = qp_chunk(size, nq, q);
+            let (off, len) = qp_chunk(size, np, part);
             let avail = ready.saturating_sub(off).min(len);
             let mut data = None;
             if avail > *done {
@@ -448,17 +470,17 @@ impl SendEngine {
             }
             let mut close = None;
             if avail == len {
-                close = Some(match (q, data) {
+                close = Some(match (part, data) {
                     (0, Some(_)) if p.target.sized && !split => Close::OnData,
                     (0, _) if p.target.sized => Close::Empty,
                     (0, _) => Close::Size,
                     (_, Some(_)) if !split => Close::OnData,
                     (_, _) => Close::Empty,
                 });
-                p.closed |= 1 << q;
+                p.closed |= 1 << part;
             }
             if data.is_some() || close.is_some() {
-                out[k] = RdvStep { q, data, close };
+                out[k] = RdvStep { part, q: (p.base as usize + part) % nq, data, close };
                 k += 1;
             }
         }
@@ -469,15 +491,15 @@ impl SendEngine {
     /// not their completing write: such a part must finish on the queue pair it started on (its
     /// immediate says its bytes before it on that queue pair have landed).
     pub fn open_parts(&self) -> u32 {
-        let nq = self.nqps;
+        let (nq, np) = (self.nqps, self.nparts);
         let mut m = 0u32;
         for i in 0..SEND_REQS {
             if !self.reqs[i].posted || self.rdv[i].target.size == 0 {
                 continue;
             }
-            for q in 0..nq {
-                if self.rdv_posted[i * nq + q] > 0 && self.rdv[i].closed & (1 << q) == 0 {
-                    m |= 1 << q;
+            for part in 0..np {
+                if self.rdv_posted[i * nq + part] > 0 && self.rdv[i].closed & (1 << part) == 0 {
+                    m |= 1 << ((self.rdv[i].base as usize + part) % nq);
                 }
             }
         }
@@ -491,7 +513,7 @@ impl SendEngine {
         let Some(r) = self.reqs.get_mut(i) else { return };
         if self.rdv[i].target.size > 0 {
             let bit = 1u32 << (part % 32);
-            if part >= self.nqps || self.rdv[i].acked & bit != 0 {
+            if part >= self.nparts || self.rdv[i].acked & bit != 0 {
                 return;
             }
             self.rdv[i].acked |= bit;
@@ -547,7 +569,7 @@ impl SendEngine {
         self.cts_gone.make_contiguous().sort_unstable();
         self.skip_gone();
         self.prune();
-        let nq = self.nqps;
+        let (nq, np) = (self.nqps, self.nparts);
         for i in 0..SEND_REQS {
             if !self.reqs[i].posted || self.rdv[i].target.size == 0 {
                 continue;
@@ -564,12 +586,12 @@ impl SendEngine {
                 Some(_) => 0,
             };
             let mut again = false;
-            for q in (0..nq).filter(|&q| lost(i as u16, q)) {
+            for q in (0..np).filter(|&q| lost(i as u16, q)) {
                 let bit = 1u32 << q;
                 if got & (1 << q) != 0 {
                     // The receiver has it: done, however its completion fared.
                     self.rdv[i].closed |= bit;
-                    self.rdv_posted[i * nq + q] = qp_chunk(p.target.size, nq, q).1;
+                    self.rdv_posted[i * nq + q] = qp_chunk(p.target.size, np, q).1;
                     self.on_completion(i as u16, q);
                 } else if p.acked & bit != 0 {
                     // A completion says it landed, the receiver says it did not.
@@ -621,7 +643,7 @@ mod tests {
             let Ok(SendPlan::Rdv { req, target }) = e.post(size, 0, size / 4) else { panic!("not a rendezvous send") };
             assert_eq!(target.sized, sized, "{nqps} QP(s), {size} bytes");
             assert_eq!(Imm::decode(target.imm), Imm::Rdv { slot: 0, entry: 0, part: 0, size: sized.then_some(size as u32) });
-            let mut steps = [RdvStep { q: 0, data: None, close: None }; MAX_QPS];
+            let mut steps = [RdvStep { part: 0, q: 0, data: None, close: None }; MAX_QPS];
             // A staged send's first quarter: its bytes, no part complete, no immediate yet.
             let k = e.rdv_steps(req, size / 4, &mut steps);
             assert!(k > 0 && steps[..k].iter().all(|s| s.close.is_none() && s.data.is_some()));
@@ -642,7 +664,7 @@ mod tests {
         let mut e = SendEngine::new(2, RingSpec { slots: 8, eager_max: 4096 }, Origin::default());
         assert!(e.on_cts(&[Cts::new(0x1000, 1 << 20, 7, 0, 1, 0, 1)]).unwrap());
         let Ok(SendPlan::Rdv { req, .. }) = e.post(100_000, 0, 0) else { panic!("not a rendezvous send") };
-        let mut steps = [RdvStep { q: 0, data: None, close: None }; MAX_QPS];
+        let mut steps = [RdvStep { part: 0, q: 0, data: None, close: None }; MAX_QPS];
         assert_eq!(e.open_parts(), 0, "nothing posted yet");
         // A staged send's first 60,000 bytes: part 0 (50,048 bytes) complete, part 1 begun.
         e.rdv_steps(req, 60_000, &mut steps);
@@ -665,7 +687,7 @@ mod tests {
             assert!(e.ar_split(8193) && !e.ar_split(8192));
             assert!(e.on_cts(&[Cts::new(0x1000, 4 << 20, 7, 0, 1, 0, 1)]).unwrap());
             let Ok(SendPlan::Rdv { req, .. }) = e.post(size, 0, size) else { panic!("not a rendezvous send") };
-            let mut steps = [RdvStep { q: 0, data: None, close: None }; MAX_QPS];
+            let mut steps = [RdvStep { part: 0, q: 0, data: None, close: None }; MAX_QPS];
             let k = e.rdv_steps(req, size, &mut steps);
             let closes: Vec<(usize, Close, bool)> = steps[..k].iter().filter_map(|s| s.close.map(|c| (s.q, c, s.data.is_some()))).collect();
             assert_eq!(closes, want, "{nqps} QP(s), {size} bytes");

@@ -45,6 +45,9 @@ pub struct Meta {
     pub extra: Vec<MemberMeta>,
     /// Per queue pair (as many as `qpns`, or none): its ECE, None where unsupported.
     pub ece: Vec<Option<Ece>>,
+    /// The sender's: the parts each rendezvous message is split into (1..=nqps), which the
+    /// receiver counts; 0 from the receiver.
+    pub parts: u8,
 }
 
 /// `struct ibv_ece`: a queue pair's enhanced connection establishment options (vendor id,
@@ -160,6 +163,7 @@ impl Meta {
             put_u32(&mut b, at(member::RING_RKEY), x.ring_rkey);
             put_u8(&mut b, at(member::DEV_INDEX), x.dev_index);
         }
+        put_u8(&mut b, PARTS, self.parts);
         for (q, e) in self.ece.iter().take(MAX_QPS).enumerate() {
             if let Some(e) = e {
                 put_u32(&mut b, ece::at(q, ece::VENDOR_ID), e.vendor_id);
@@ -211,6 +215,10 @@ impl Meta {
         if eager_max > MAX_EAGER {
             return Err(MetaError::Field("eager limit", eager_max as u64));
         }
+        let parts = get_u8(b, PARTS);
+        if parts > nqps {
+            return Err(MetaError::Field("rendezvous part count", parts as u64));
+        }
         let members = get_u8(b, MEMBERS);
         if members == 0 || members as usize > MAX_MEMBERS {
             return Err(MetaError::Field("member count", members as u64));
@@ -250,6 +258,7 @@ impl Meta {
             ring_slots,
             eager_max,
             dev_index: get_u8(b, DEV_INDEX),
+            parts,
             extra,
             ece: (0..nqps as usize)
                 .map(|q| {
@@ -659,6 +668,7 @@ mod tests {
             dev_index: 3,
             extra: Vec::new(),
             ece: vec![None, None],
+            parts: 2,
         }
     }
 

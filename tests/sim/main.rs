@@ -104,6 +104,7 @@ fn run(cfg: Config, seed: u64) -> Result<u64, String> {
     let identity: [u8; MAX_QPS] = std::array::from_fn(|q| q as u8);
     let mut eng = SendEngine::new(cfg.nqps, RingSpec { slots: cfg.ring_slots, eager_max: cfg.eager_max }, cfg.origin);
     eng.set_adaptive_routing(cfg.ar.filter(|_| !cfg.ar_unsplit));
+    eng.set_parts(cfg.parts);
     let mut s = Send {
         eng,
         queue,
@@ -112,7 +113,7 @@ fn run(cfg: Config, seed: u64) -> Result<u64, String> {
         offs: send_offs,
         local: vec![(0, 0); nccl_net_rivet::proto::send::SEND_REQS],
         ready: msgs.iter().map(|m| if cfg.partial && m.send > cfg.eager_max { r.below(m.send) } else { m.send }).collect(),
-        steps: [RdvStep { q: 0, data: None, close: None }; MAX_QPS],
+        steps: [RdvStep { part: 0, q: 0, data: None, close: None }; MAX_QPS],
         dead: false,
         map: identity,
         qdead: 0,
@@ -121,8 +122,10 @@ fn run(cfg: Config, seed: u64) -> Result<u64, String> {
         switching: false,
         part_qp: vec![[0; MAX_QPS]; nccl_net_rivet::proto::send::SEND_REQS],
     };
+    let mut reng = RecvEngine::new(cfg.nqps, cfg.ring_slots, cfg.eager_max, cfg.origin);
+    reng.set_parts(cfg.parts);
     let mut v = Recv {
-        eng: RecvEngine::new(cfg.nqps, cfg.ring_slots, cfg.eager_max, cfg.origin),
+        eng: reng,
         next: 0,
         inflight: Vec::new(),
         copies: VecDeque::new(),
@@ -333,6 +336,7 @@ fn chosen(groups: Vec<Vec<Msg>>, eager_max: usize, origin: Origin, seed: u64) ->
     });
     let cfg = Config {
         nqps: 2,
+        parts: 2,
         ring_slots: 2,
         eager_max,
         origin,

@@ -144,11 +144,11 @@ impl Send {
         let (data, _) = self.local[req as usize];
         for s in &self.steps[..k] {
             let dst = (t.addr - RECV_BASE) as usize;
-            let close_imm = s.close.map(|_| t.imm_of(s.q));
+            let close_imm = s.close.map(|_| t.imm_of(s.part));
             // The completion names the part (as the shell's work request id does).
-            let sig = Some(req | (s.q as u16) << 12);
+            let sig = Some(req | (s.part as u16) << 12);
             let pq = self.map[s.q] as usize;
-            self.part_qp[req as usize][s.q] = pq as u8;
+            self.part_qp[req as usize][s.part] = pq as u8;
             match (s.data, s.close) {
                 (Some((off, len)), Some(Close::OnData)) => {
                     sim.post(false, pq, (Mem::Arena, dst + off), vec![Src::SendArena { off: data + off, len }], close_imm, sig)
@@ -421,6 +421,9 @@ impl Recv {
         while let Some(slot) = self.eng.next_eager() {
             let o = slot * sim.slot_bytes;
             let h = read_hdr(&sim.ring[o..o + EAGER_HDR]);
+            if std::env::var("RIVET_SIM_TRACE").is_ok() {
+                eprintln!("step {}: receiver reads ring slot {slot}: seq {} flags {} size {}", sim.steps, h.seq, h.flags, h.size);
+            }
             match self.eng.on_eager(h)? {
                 EagerStep::Wait => break,
                 EagerStep::Consumed => {}
@@ -534,6 +537,9 @@ impl Recv {
         while n < 16 {
             let Some(imm) = sim.recv_cq.pop_front() else { break };
             n += 1;
+            if std::env::var("RIVET_SIM_TRACE").is_ok() {
+                eprintln!("step {}: receiver completion {:?}", sim.steps, Imm::decode(imm));
+            }
             match Imm::decode(imm) {
                 Imm::Eager(_) => self.eng.on_eager_imm(),
                 Imm::Rdv { slot, entry, part, size: Some(size) } => self.eng.on_rdv_imm(slot, entry, part, size as u64)?,

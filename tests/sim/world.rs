@@ -43,6 +43,9 @@ pub(crate) struct Msg {
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
     pub(crate) nqps: usize,
+    /// Parts a rendezvous message is split into (NCCL_IB_SPLIT_DATA_ON_QPS: nqps when 1; fewer,
+    /// on rotating queue pairs, when 0).
+    pub(crate) parts: usize,
     pub(crate) ring_slots: usize,
     pub(crate) eager_max: usize,
     pub(crate) origin: Origin,
@@ -172,8 +175,18 @@ pub(crate) fn config(seed: u64, ngroups: usize) -> Config {
         }
         groups.push((msgs, order));
     }
+    // Drawn apart, so the rest of a seed's schedule is as it was before parts were drawn.
+    let parts = {
+        let mut p = Rng(seed ^ 0x5041_5254);
+        if nqps > 1 && p.chance(50) {
+            1 + p.below(nqps - 1)
+        } else {
+            nqps
+        }
+    };
     Config {
         nqps,
+        parts,
         ring_slots,
         eager_max,
         origin,

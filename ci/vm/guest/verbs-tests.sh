@@ -69,6 +69,10 @@ done
 step conformance-v12-ar env NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=0 NCCL_IB_QPS_PER_CONNECTION=2 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
 step conformance-v12-eager0-2qp env RIVET_IB_EAGER_MAX=0 NCCL_IB_QPS_PER_CONNECTION=2 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
 step conformance-v12-eager64k-4qp env RIVET_IB_EAGER_MAX=65536 NCCL_IB_QPS_PER_CONNECTION=4 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
+# Four queue pairs, each message split over all of them (NCCL_IB_SPLIT_DATA_ON_QPS=1; the steps
+# above use net_ib's default 0: one queue pair per message, rotating), with adaptive routing too.
+step conformance-v12-split-4qp env NCCL_IB_SPLIT_DATA_ON_QPS=1 NCCL_IB_QPS_PER_CONNECTION=4 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
+step conformance-v12-split-4qp-ar env NCCL_IB_SPLIT_DATA_ON_QPS=1 NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=0 ./conformance --lib $LIB --api 12 --dev 0 --dev2 1
 # The staging engine over verbs: every buffer through a registered bounce buffer and the host
 # copier (RIVET_STAGE_HOST=1), all cases, and RIVET_STATS must show the staged messages.
 staged() {

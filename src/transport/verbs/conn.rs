@@ -959,10 +959,21 @@ pub(super) fn dev_id(port: &IbPort) -> usize {
 /// decides for a send comm).
 /// NCCL profiler events of a `size`-byte message over `qps`, logical queue pair `q` carried by
 /// physical `map[q]` on member `q % members`: an eager one (`eager`) on logical queue pair 0 as
-/// one RDMA WRITE with immediate; a larger one split over every queue pair as
-/// [`crate::proto::verbs::qp_chunk`] says, as plain RDMA WRITEs under adaptive routing above its
-/// threshold (`ar`), its completion apart.
-pub(super) fn plan_events(size: usize, eager: bool, qps: &[QpRts], map: &[u8], members: usize, ar: Option<usize>, out: &mut Vec<crate::transport::NetEvent>) {
+/// one RDMA WRITE with immediate; a larger one split into `parts` as
+/// [`crate::proto::verbs::qp_chunk`] says (on the first `parts` queue pairs: which block a
+/// message's parts take is known only once its clear-to-send is read), as plain RDMA WRITEs
+/// under adaptive routing above its threshold (`ar`), its completion apart.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn plan_events(
+    size: usize,
+    eager: bool,
+    parts: usize,
+    qps: &[QpRts],
+    map: &[u8],
+    members: usize,
+    ar: Option<usize>,
+    out: &mut Vec<crate::transport::NetEvent>,
+) {
     const WRITE: i32 = IBV_WR_RDMA_WRITE as i32;
     const WRITE_IMM: i32 = IBV_WR_RDMA_WRITE_WITH_IMM as i32;
     let ev = |q: usize, length: usize, opcode: i32| {
@@ -974,8 +985,9 @@ pub(super) fn plan_events(size: usize, eager: bool, qps: &[QpRts], map: &[u8], m
         return;
     }
     let opcode = if ar.is_some_and(|t| size > t) { WRITE } else { WRITE_IMM };
-    for q in 0..qps.len() {
-        out.push(ev(q, crate::proto::verbs::qp_chunk(size, qps.len(), q).1, opcode));
+    let parts = parts.clamp(1, qps.len());
+    for q in 0..parts {
+        out.push(ev(q, crate::proto::verbs::qp_chunk(size, parts, q).1, opcode));
     }
 }
 

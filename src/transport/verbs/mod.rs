@@ -111,6 +111,8 @@ pub struct Setup {
     /// What our metadata says (the receiver's ECE replies are added once its queue pairs are
     /// connected, and `out` encoded again).
     meta: Option<Meta>,
+    /// The sender's parts per rendezvous message (NCCL_IB_SPLIT_DATA_ON_QPS), told the receiver.
+    parts: usize,
     /// ECE per queue pair: the sender's offer; then what each runs with (both sides).
     ece: Vec<Option<crate::proto::verbs::Ece>>,
     deadline: Instant,
@@ -141,6 +143,9 @@ impl Setup {
         let nqps = fuse::nqps(ports.len(), rem_members, cfg.ib_qps, MAX_QPS);
         let mut s = Setup::new(ports, name, true, link, nqps);
         s.rem_members = rem_members;
+        // NCCL_IB_SPLIT_DATA_ON_QPS=1: every queue pair carries a part of each message; 0 (net_ib's
+        // default): one per member of the larger side, on queue pairs that rotate per message.
+        s.parts = if cfg.ib_split_data_on_qps { nqps } else { ports.len().max(rem_members).min(nqps) };
         (s.tc, s.sl) = sender_qos(cfg.ib_tc, cfg.ib_sl, traffic_class);
         s.create_local()?;
         s.step = Step::Exchange;
@@ -174,6 +179,7 @@ impl Setup {
             tc: 0,
             sl: 0,
             meta: None,
+            parts: 1,
             ece: Vec::new(),
             deadline: Instant::now() + timeout,
             timeout,
@@ -271,6 +277,7 @@ impl Setup {
             dev_index: p.index,
             extra,
             ece: self.ece.clone(),
+            parts: if self.send { self.parts as u8 } else { 0 },
         };
         self.out = m.encode();
         self.meta = Some(m);
@@ -456,6 +463,10 @@ impl Setup {
                     }
                     self.nqps = m.nqps as usize;
                     self.rem_members = m.members();
+                    if m.parts == 0 {
+                        return Err(Error::remote(format!("RDMA setup with {}: the sender announced no rendezvous part count", self.peer)));
+                    }
+                    self.parts = m.parts as usize;
                     if config::get().ib_warn_rail_local {
                         let local: Vec<u8> = self.ports.iter().map(|p| p.index).collect();
                         let remote: Vec<u8> = (0..m.members()).map(|i| m.member(i).dev_index).collect();
@@ -549,10 +560,10 @@ impl Setup {
             Local::Send { cqs, mem, parts, .. } => {
                 let rkeys = std::array::from_fn(|i| if i < rn { m.member(i).ring_rkey } else { 0 });
                 let ring = Ring { addr: m.ring_addr, rkeys, slots: m.ring_slots as usize, eager_max: m.eager_max as usize };
-                Box::new(VerbsSend::new(c, qps, cqs, mem, parts, (m.fifo_addr, fifo_keys), ring, rn))
+                Box::new(VerbsSend::new(c, qps, cqs, mem, parts, (m.fifo_addr, fifo_keys), ring, rn, self.parts))
             }
             Local::Recv { cqs, mem, parts, .. } => {
-                Box::new(VerbsRecv::new(c, qps, cqs, mem, parts, cfg.ib_eager_max, (m.fifo_addr, fifo_keys), rn))
+                Box::new(VerbsRecv::new(c, qps, cqs, mem, parts, cfg.ib_eager_max, (m.fifo_addr, fifo_keys), rn, self.parts))
             }
         }
     }

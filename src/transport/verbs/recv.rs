@@ -125,8 +125,10 @@ impl VerbsRecv {
         eager_max: usize,
         rem_fifo: (u64, [u32; MAX_MEMBERS]),
         rem_members: usize,
+        nparts: usize,
     ) -> VerbsRecv {
-        let eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, Origin::default());
+        let mut eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, Origin::default());
+        eng.set_parts(nparts);
         let depths = Depths::get();
         VerbsRecv {
             copies: EagerCopies::default(),
@@ -597,7 +599,7 @@ impl VerbsRecv {
                         Imm::Eager(_) => self.eng.on_eager_imm(),
                         Imm::Rdv { slot, entry, size: Some(size), .. } => {
                             // Only a connection of one queue pair sends its sizes this way.
-                            let r = if self.qps.len() == 1 { self.eng.on_rdv_imm(slot, entry, 0, size as u64) } else { Err(ProtoError::StrayImm { slot, entry }) };
+                            let r = if self.eng.parts() == 1 { self.eng.on_rdv_imm(slot, entry, 0, size as u64) } else { Err(ProtoError::StrayImm { slot, entry }) };
                             if let Err(e) = r {
                                 return Err(self.c.proto(e));
                             }
@@ -769,6 +771,6 @@ impl Conn for VerbsRecv {
 
     fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
         let ar = self.c.adaptive_routing().then_some(crate::config::get().ib_ar_threshold);
-        super::conn::plan_events(size, size <= self.eng.eager_max(), &self.qps, &self.map, self.c.ports.len(), ar, out);
+        super::conn::plan_events(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar, out);
     }
 }

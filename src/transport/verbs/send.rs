@@ -111,9 +111,11 @@ impl VerbsSend {
         rem_sizes: (u64, [u32; MAX_MEMBERS]),
         ring: Ring,
         rem_members: usize,
+        nparts: usize,
     ) -> VerbsSend {
         let mut eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, Origin::default());
         eng.set_adaptive_routing(c.adaptive_routing().then_some(crate::config::get().ib_ar_threshold));
+        eng.set_parts(nparts);
         let keyed = if rem_members > 1 { FIFO_DEPTH * MAX_GROUP } else { 0 };
         let copies = if c.failover { ring.slots } else { 0 };
         let inline_all = qps.iter().map(|q| q.qp().max_inline as usize).min().unwrap_or(0);
@@ -144,7 +146,7 @@ impl VerbsSend {
             deferred: vec![(0, 0); SEND_REQS].into_boxed_slice(),
             ndeferred: 0,
             eager_run: 0,
-            steps: [RdvStep { q: 0, data: None, close: None }; MAX_QPS],
+            steps: [RdvStep { part: 0, q: 0, data: None, close: None }; MAX_QPS],
             // SAFETY: all-zero work requests and scatter entries are valid (null pointers, 0 sizes).
             wrs: unsafe { std::mem::zeroed() },
             // SAFETY: as above.
@@ -325,10 +327,10 @@ impl VerbsSend {
         let (ln, rn) = (self.c.ports.len(), self.rem_members);
         for i in 0..k {
             let s = self.steps[i];
-            // Logical queue pair s.q runs on queue pair q (itself, until it fails): our member
-            // q % ln (its lkey) to the receiver's q % rn (its rkey).
+            // Part s.part goes on logical queue pair s.q, which runs on queue pair q (itself,
+            // until it fails): our member q % ln (its lkey) to the receiver's q % rn (its rkey).
             let q = self.map[s.q] as usize;
-            self.part_qp[req as usize][s.q] = q as u8;
+            self.part_qp[req as usize][s.part] = q as u8;
             let (lm, rm) = (member_of(q, ln), member_of(q, rn));
             let mut n = 0;
             if let Some((off, len)) = s.data {
@@ -361,8 +363,8 @@ impl VerbsSend {
             }
             if s.close.is_some() {
                 // The completion names the part, which counts once however often it is posted.
-                self.wrs[n - 1].wr_id = wr_id | (s.q as u64) << PART_SHIFT;
-                self.wrs[n - 1].__bindgen_anon_1.imm_data = t.imm_of(s.q).to_be();
+                self.wrs[n - 1].wr_id = wr_id | (s.part as u64) << PART_SHIFT;
+                self.wrs[n - 1].__bindgen_anon_1.imm_data = t.imm_of(s.part).to_be();
                 self.wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
             }
             self.post(q, n)?;
@@ -725,7 +727,7 @@ impl Conn for VerbsSend {
 
     fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
         let ar = self.c.adaptive_routing().then_some(crate::config::get().ib_ar_threshold);
-        super::conn::plan_events(size, size <= self.eng.eager_max(), &self.qps, &self.map, self.c.ports.len(), ar, out);
+        super::conn::plan_events(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar, out);
     }
 
     fn has_deferred(&self) -> bool {
