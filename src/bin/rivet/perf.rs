@@ -283,12 +283,15 @@ fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs) -> Res<Option<Lat>> {
             r.wait_all(&[sr])?;
         } else {
             r.wait_all(&[rr[k]])?;
+            // The answer first, as perftest's responder does: the next receive is posted while
+            // it travels (a message that comes before its receive waits in the eager ring, as
+            // NCCL's, which posts its receives ahead, never has to).
+            // SAFETY: see above.
+            let sr = unsafe { net.isend(r.sends[k], sp, 8, 0, mh.send[k])? };
             if again {
                 // SAFETY: see above.
                 rr[k] = unsafe { net.irecv(r.recvs[k], sp, 8, 0, mh.recv[k])? };
             }
-            // SAFETY: see above.
-            let sr = unsafe { net.isend(r.sends[k], sp, 8, 0, mh.send[k])? };
             r.wait_all(&[sr])?;
         }
     }
