@@ -405,6 +405,12 @@ impl RecvEngine {
         self.released().is_some()
     }
 
+    /// Whether the credit due cannot wait for the next receive or idle moment: the sender said
+    /// it runs low, or three quarters of the ring wait to be released.
+    pub fn credit_pressing(&self) -> bool {
+        self.released().is_some_and(|r| self.credit_urgent || r - self.credits_sent >= (self.ring_slots as u64 * 3).div_ceil(4))
+    }
+
     /// The ring slots released so far, if it is time to tell the sender.
     fn released(&self) -> Option<u64> {
         let released = self.copying.front().map_or(self.ring_done, |c| c.ring_index);
@@ -451,6 +457,41 @@ mod tests {
 
     fn big(eng: &RecvEngine) -> RecvSpec {
         RecvSpec { addr: 0x1000, size: eng.eager_max() as u64 + 1, rkey: 7, tag: 3, gpu: false }
+    }
+
+    /// Eager messages of 8 bytes with tag 0, each into its own receive, consumed in order.
+    fn eager_arrivals(eng: &mut RecvEngine, n: u32, urgent_from: u32) {
+        eager_arrivals_from(eng, 0, n, urgent_from)
+    }
+
+    fn eager_arrivals_from(eng: &mut RecvEngine, from: u32, to: u32, urgent_from: u32) {
+        for seq in from..to {
+            eng.post(&[RecvSpec { addr: 0x1000, size: 8, rkey: 7, tag: 0, gpu: false }]);
+            eng.on_eager_imm();
+            assert_eq!(eng.next_eager(), Some(seq as usize % 8));
+            let flags = EAGER_DATA | if seq >= urgent_from { EAGER_URGENT } else { 0 };
+            let step = eng.on_eager(EagerHdr { seq, flags, size: 8, tag: 0, _pad: [0; 3] }).unwrap();
+            assert!(matches!(step, EagerStep::Copy { .. }));
+            eng.copy_done();
+        }
+    }
+
+    #[test]
+    fn a_credit_waits_for_a_quiet_moment_until_it_presses() {
+        // A ring of 8: due from half of it released, pressing (written at once) from three
+        // quarters, or as soon as the sender says it runs low.
+        let mut eng = RecvEngine::new(1, 8, 1024, Origin { seq: 0, cts: 0 });
+        eager_arrivals(&mut eng, 3, u32::MAX);
+        assert!(!eng.credit_pending() && !eng.credit_pressing());
+        eager_arrivals_from(&mut eng, 3, 5, u32::MAX);
+        assert!(eng.credit_pending() && !eng.credit_pressing(), "4 and 5 released: due, can wait");
+        eager_arrivals_from(&mut eng, 5, 6, u32::MAX);
+        assert!(eng.credit_pressing(), "6 of 8 released");
+        assert_eq!(eng.credit_due(), Some(6));
+        assert!(!eng.credit_pending());
+        let mut eng = RecvEngine::new(1, 8, 1024, Origin { seq: 0, cts: 0 });
+        eager_arrivals(&mut eng, 1, 0);
+        assert!(eng.credit_pressing(), "the sender runs low: at once, however few");
     }
 
     #[test]

@@ -208,6 +208,10 @@ impl VerbsRecv {
 
     /// Match arrived eager slots, in order, as far as posted receives allow, copy their payloads
     /// out, and return credits when the engine says so.
+    /// Consume the eager messages that arrived; a credit that can wait is left for the next
+    /// `irecv` or idle moment (`write_credit`): its write is a system call and, on Soft-RoCE, a
+    /// packet's worth of the CPU's time, which the answer to the message just received would
+    /// otherwise wait for.
     fn drain_ring(&mut self) -> Result<()> {
         while let Some(slot) = self.eng.next_eager() {
             // SAFETY: `slot < RING_SLOTS`, inside the ring buffer (RING_SLOTS slots of slot_bytes).
@@ -236,6 +240,14 @@ impl VerbsRecv {
             }
         }
         self.retire_copies()?;
+        if !self.eng.credit_pressing() {
+            return Ok(());
+        }
+        self.write_credit()
+    }
+
+    /// Write the credit word due, if one is and there is room for it.
+    fn write_credit(&mut self) -> Result<()> {
         // A credit lets the sender fill ring slots again: each takes a posted receive.
         let q0 = self.map[0] as usize;
         if !self.eng.credit_pending() || self.book.room(q0) == 0 || !self.recvs_cover(q0, 0)? {
@@ -280,6 +292,7 @@ impl VerbsRecv {
     /// Nothing moved: liveness, the device's events and the peer's notices, and a failover
     /// they call for.
     fn idle(&mut self) -> Result<()> {
+        self.write_credit()?;
         self.c.idle(self.eng.outstanding())?;
         if self.c.failover_due() {
             self.fail_over()?;
@@ -705,8 +718,9 @@ impl Conn for VerbsRecv {
             let inline = self.post_ctrl(q, out.addr() + off as u64, |m| out.lkey_on(m), p.n * stride, remote, false)?;
             self.cts_reading[stage] = if inline { None } else { Some((q as u8, self.book.last_place(q))) };
         }
-        // Eager messages that arrived before this receive.
+        // Eager messages that arrived before this receive, and the credit due.
         self.drain_ring()?;
+        self.write_credit()?;
         Ok(Some(req as u32))
     }
 
