@@ -103,6 +103,9 @@ pub struct Comm {
     events: Vec<Vec<usize>>,
     /// Requests posted, naming each in its profiler events.
     posted: u64,
+    /// The queue pairs of the request being posted (kept to reuse its allocation: NCCL passes
+    /// its callback whether or not a profiler is loaded, so this runs for every message).
+    ev_buf: Vec<crate::transport::NetEvent>,
 }
 
 impl Comm {
@@ -116,12 +119,13 @@ impl Comm {
         if self.events.len() <= slot as usize {
             self.events.resize_with(slot as usize + 1, Vec::new);
         }
-        let mut evs = Vec::new();
+        let mut evs = std::mem::take(&mut self.ev_buf);
         for (size, ph) in bufs {
             evs.clear();
             self.conn.net_events(size, &mut evs);
             profile::start(ph, self.posted, &evs, &mut self.events[slot as usize]);
         }
+        self.ev_buf = evs;
     }
 
     fn profile_stop(&mut self, slot: u32) {
@@ -149,7 +153,7 @@ impl Comm {
             return Err(Error::internal(format!("a comm with {} request slots (at most {MAX_REQUESTS})", conn.capacity())));
         }
         let kind = if send { Kind::SendComm } else { Kind::RecvComm };
-        Ok(COMMS.insert(kind, Comm { send, dev, conn, events: Vec::new(), posted: 0 }).map_err(|_| full("comm"))?.to_ptr())
+        Ok(COMMS.insert(kind, Comm { send, dev, conn, events: Vec::new(), posted: 0, ev_buf: Vec::new() }).map_err(|_| full("comm"))?.to_ptr())
     }
 }
 
