@@ -26,10 +26,29 @@ pub unsafe extern "C" fn ctx_listen(ctx: *mut c_void, dev: c_int, handle: *mut c
 }
 
 pub unsafe extern "C" fn connect(dev: c_int, handle: *mut c_void, sc: *mut *mut c_void) -> ncclResult_t {
+    connect_tc(dev, handle, sc, None)
+}
+
+/// A connect with the communicator's traffic class (None: undefined).
+pub unsafe fn connect_tc(dev: c_int, handle: *mut c_void, sc: *mut *mut c_void, tc: Option<u8>) -> ncclResult_t {
     boundary("connect", || {
         super::ffi::nonnull(sc, "sendComm")?;
-        out(sc, "sendComm", plugin::connect(dev, handle, None)?)
+        out(sc, "sendComm", plugin::connect(dev, handle, tc)?)
     })
+}
+
+/// The traffic class of NCCL's connect (v10) or init (v11+) config: NCCL_NET_TRAFFIC_CLASS_UNDEF
+/// (-1) when the communicator set none, or when NCCL passed no config.
+///
+/// # Safety
+/// A non-NULL `config` points to NCCL's ncclNetCommConfig_t.
+pub unsafe fn traffic_class(config: *const ncclNetCommConfig_t) -> c_int {
+    if config.is_null() {
+        -1
+    } else {
+        // SAFETY: the caller's promise.
+        unsafe { (*config).trafficClass }
+    }
 }
 
 /// v7–v9: the device handle out-param is for device offload, which rivet does not offer; it is
@@ -201,7 +220,6 @@ pub unsafe extern "C" fn irecv_p(
         out(req, "request", plugin::irecv(rc, n, data, |i| Ok(*sizes.add(i)), tags, mh, ph)?)
     })
 }
-
 
 pub unsafe extern "C" fn iflush(
     rc: *mut c_void,

@@ -22,12 +22,8 @@ unsafe extern "C" fn connect(
     sc: *mut *mut c_void,
     _dc: *mut *mut ncclNetDeviceHandle_t,
 ) -> ncclResult_t {
-    super::ffi::boundary("connect", || {
-        // SAFETY: a non-NULL config is NCCL's ncclNetCommConfig_t for this connection.
-        let tc = if config.is_null() { -1 } else { unsafe { (*config).trafficClass } };
-        super::ffi::nonnull(sc, "sendComm")?;
-        super::ffi::out(sc, "sendComm", crate::plugin::connect(dev, handle, u8::try_from(tc).ok())?)
-    })
+    // SAFETY: a non-NULL config is NCCL's ncclNetCommConfig_t for this connection.
+    connect_tc(dev, handle, sc, u8::try_from(unsafe { traffic_class(config) }).ok())
 }
 
 #[no_mangle]

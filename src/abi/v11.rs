@@ -20,7 +20,7 @@ unsafe extern "C" fn init(
         start(logger, 11)?;
         crate::plugin::profile::set_callback(prof);
         // SAFETY: a non-NULL config is NCCL's ncclNetCommConfig_t for this communicator.
-        let tc = if config.is_null() { -1 } else { unsafe { (*config).trafficClass } };
+        let tc = unsafe { traffic_class(config) };
         let c = plugin::ctx_new(comm_id, tc)?;
         // SAFETY: `ctx` is NCCL's out-parameter, checked not NULL above.
         unsafe { *ctx = c };

@@ -19,10 +19,9 @@ pub struct ListenComm {
     listening: Box<dyn Listening>,
 }
 
-/// A connect in progress, kept between NCCL's calls: NCCL holds its pointer and a cookie in its
-/// handle buffer, checked against [`STAGES`] before use.
-/// A connect in progress, and the device it runs on (NCCL's, or the one subnet-aware routing
-/// chose).
+/// A connect in progress, kept between NCCL's calls, and the device it runs on (NCCL's, or the
+/// one subnet-aware routing chose): NCCL holds its pointer and a cookie in its handle buffer,
+/// checked against [`STAGES`] before use.
 pub(super) struct Stage(Box<dyn Dialing>, i32);
 
 // The connect stages live: pointer and cookie.

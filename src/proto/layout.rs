@@ -78,6 +78,10 @@ pub mod handle {
     /// NCCL_IB_SUBNET_AWARE_ROUTING: how many of the listening device's RoCE GIDs follow (0-2).
     pub const NGIDS: F = f(37, 1);
     pub const GIDS: F = f(40, 32);
+    /// GID `i` (0 or 1).
+    pub const fn gid(i: usize) -> F {
+        f(GIDS.off + 16 * i, 16)
+    }
     /// A connect in progress: its state and cookie, in the caller's copy of the handle.
     pub const STAGE: F = f(112, 8);
     pub const STAGE_COOKIE: F = f(120, 8);

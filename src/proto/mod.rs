@@ -188,7 +188,7 @@ impl Handle {
         let gids = &self.gids[..self.gids.len().min(2)];
         put_u8(out, NGIDS, gids.len() as u8);
         for (i, g) in gids.iter().enumerate() {
-            out[GIDS.off + 16 * i..GIDS.off + 16 * (i + 1)].copy_from_slice(g);
+            put(out, gid(i), g);
         }
     }
 
@@ -212,7 +212,7 @@ impl Handle {
         if members as usize > crate::transport::verbs::fuse::MAX_MEMBERS {
             return Err(HandleError::Members(members));
         }
-        let gids = (0..(get_u8(b, NGIDS) as usize).min(2)).map(|i| b[GIDS.off + 16 * i..GIDS.off + 16 * (i + 1)].try_into().unwrap()).collect();
+        let gids = (0..(get_u8(b, NGIDS) as usize).min(2)).map(|i| get(b, gid(i)).try_into().unwrap()).collect();
         Ok(Handle { transport: get_u8(b, TRANSPORT), magic: get_u64(b, LISTEN_MAGIC), addr: SocketAddr::new(ip, get_u16(b, PORT)), members, gids })
     }
 }

@@ -459,13 +459,10 @@ mod tests {
         RecvSpec { addr: 0x1000, size: eng.eager_max() as u64 + 1, rkey: 7, tag: 3, gpu: false }
     }
 
-    /// Eager messages of 8 bytes with tag 0, each into its own receive, consumed in order.
-    fn eager_arrivals(eng: &mut RecvEngine, n: u32, urgent_from: u32) {
-        eager_arrivals_from(eng, 0, n, urgent_from)
-    }
-
-    fn eager_arrivals_from(eng: &mut RecvEngine, from: u32, to: u32, urgent_from: u32) {
-        for seq in from..to {
+    /// Eager messages `seqs` of 8 bytes with tag 0, each into its own receive, consumed in order;
+    /// those from `urgent_from` on say the sender runs low.
+    fn eager_arrivals(eng: &mut RecvEngine, seqs: std::ops::Range<u32>, urgent_from: u32) {
+        for seq in seqs {
             eng.post(&[RecvSpec { addr: 0x1000, size: 8, rkey: 7, tag: 0, gpu: false }]);
             eng.on_eager_imm();
             assert_eq!(eng.next_eager(), Some(seq as usize % 8));
@@ -481,16 +478,16 @@ mod tests {
         // A ring of 8: due from half of it released, pressing (written at once) from three
         // quarters, or as soon as the sender says it runs low.
         let mut eng = RecvEngine::new(1, 8, 1024, Origin { seq: 0, cts: 0 });
-        eager_arrivals(&mut eng, 3, u32::MAX);
+        eager_arrivals(&mut eng, 0..3, u32::MAX);
         assert!(!eng.credit_pending() && !eng.credit_pressing());
-        eager_arrivals_from(&mut eng, 3, 5, u32::MAX);
+        eager_arrivals(&mut eng, 3..5, u32::MAX);
         assert!(eng.credit_pending() && !eng.credit_pressing(), "4 and 5 released: due, can wait");
-        eager_arrivals_from(&mut eng, 5, 6, u32::MAX);
+        eager_arrivals(&mut eng, 5..6, u32::MAX);
         assert!(eng.credit_pressing(), "6 of 8 released");
         assert_eq!(eng.credit_due(), Some(6));
         assert!(!eng.credit_pending());
         let mut eng = RecvEngine::new(1, 8, 1024, Origin { seq: 0, cts: 0 });
-        eager_arrivals(&mut eng, 1, 0);
+        eager_arrivals(&mut eng, 0..1, 0);
         assert!(eng.credit_pressing(), "the sender runs low: at once, however few");
     }
 

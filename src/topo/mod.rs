@@ -153,8 +153,9 @@ pub struct Topology {
     /// `devices/system/node/nodeN`, sorted.
     pub numa_nodes: Vec<u32>,
     /// GPUs joined to their CPU by NVLink-C2C (Grace Hopper), by address: NVML's answer on this
-    /// machine (sysfs cannot tell), none for a sysfs copy.
-    pub c2c: Vec<String>,
+    /// machine (sysfs cannot tell), asked the first time a path's class depends on it, so that
+    /// start-up does not load NVML; none for a sysfs copy.
+    pub c2c: std::sync::OnceLock<Vec<String>>,
 }
 
 impl Topology {
@@ -200,7 +201,10 @@ impl Topology {
             .filter_map(|n| n.strip_prefix("node").and_then(|d| d.parse().ok()))
             .collect();
         numa_nodes.sort_unstable();
-        let c2c = if root == Path::new("/sys") { gpus.iter().filter(|g| crate::gpu::nvml::c2c(&g.addr)).map(|g| g.addr.clone()).collect() } else { Vec::new() };
+        let c2c = std::sync::OnceLock::new();
+        if root != Path::new("/sys") {
+            let _ = c2c.set(Vec::new());
+        }
         Topology { root: root.to_path_buf(), gpus, nics, numa_nodes, c2c }
     }
 
@@ -235,15 +239,21 @@ impl Topology {
         let gpu = self.pci(gpu_bus_id);
         let nic = self.nic(nic_name).and_then(|n| n.pci.as_ref());
         let class = classify(gpu.as_ref(), nic, self.numa_nodes.len() <= 1);
-        with_c2c(class, gpu.is_some_and(|g| self.c2c.contains(&g.addr)))
+        with_c2c(class, || gpu.is_some_and(|g| self.c2c_gpus().contains(&g.addr)))
+    }
+
+    /// The GPUs NVML says are joined to their CPU by NVLink-C2C (asked once).
+    fn c2c_gpus(&self) -> &[String] {
+        self.c2c.get_or_init(|| self.gpus.iter().filter(|g| crate::gpu::nvml::c2c(&g.addr)).map(|g| g.addr.clone()).collect())
     }
 }
 
 /// A GPU joined to its CPU by NVLink-C2C reaches a NIC on that CPU's PCIe (through the host
 /// bridge, or another root complex of its NUMA node) over C2C and then PCIe: NCCL's P2C, which
-/// NCCL_NET_GDR_C2C=1 (the default level) allows GDR over.
-pub fn with_c2c(class: PathClass, gpu_c2c: bool) -> PathClass {
-    if gpu_c2c && matches!(class, PathClass::Phb | PathClass::Node) {
+/// NCCL_NET_GDR_C2C=1 (the default level) allows GDR over. `gpu_c2c` is asked only for those
+/// classes.
+pub fn with_c2c(class: PathClass, gpu_c2c: impl FnOnce() -> bool) -> PathClass {
+    if matches!(class, PathClass::Phb | PathClass::Node) && gpu_c2c() {
         PathClass::P2c
     } else {
         class

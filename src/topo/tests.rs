@@ -142,9 +142,10 @@ fn a_c2c_gpu_reaches_its_cpus_nics_over_p2c() {
     use PathClass::*;
     // Grace Hopper: the NIC on the GPU's CPU is P2C, within NCCL's default level; one on the
     // other socket stays SYS, and a non-C2C GPU keeps its PCI class.
-    assert_eq!(with_c2c(Phb, true), P2c);
-    assert_eq!(with_c2c(Node, true), P2c);
-    assert_eq!((with_c2c(Sys, true), with_c2c(Pix, true), with_c2c(Phb, false)), (Sys, Pix, Phb));
+    assert_eq!(with_c2c(Phb, || true), P2c);
+    assert_eq!(with_c2c(Node, || true), P2c);
+    assert_eq!((with_c2c(Sys, || true), with_c2c(Pix, || true), with_c2c(Phb, || false)), (Sys, Pix, Phb));
+    assert_eq!(with_c2c(Pix, || unreachable!("NVML is not asked about a PCIe-switch path")), Pix);
     assert!(P2c.nccl() <= P2c && Phb.nccl() > P2c, "P2C is within the default level, PHB beyond it");
 }
 

@@ -955,14 +955,12 @@ pub(super) fn dev_id(port: &IbPort) -> usize {
     &*port.dev as *const _ as usize
 }
 
-/// Adaptive routing on a device of these members: when every member's fabric has it (as net_ib
-/// decides for a send comm).
 /// NCCL profiler events of a `size`-byte message over `qps`, logical queue pair `q` carried by
 /// physical `map[q]` on member `q % members`: an eager one (`eager`) on logical queue pair 0 as
 /// one RDMA WRITE with immediate; a larger one split into `parts` as
 /// [`crate::proto::verbs::qp_chunk`] says (on the first `parts` queue pairs: which block a
 /// message's parts take is known only once its clear-to-send is read), as plain RDMA WRITEs
-/// under adaptive routing above its threshold (`ar`), its completion apart.
+/// where adaptive routing splits data from its completion (`ar_split`, the engine's decision).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn plan_events(
     size: usize,
@@ -971,7 +969,7 @@ pub(super) fn plan_events(
     qps: &[QpRts],
     map: &[u8],
     members: usize,
-    ar: Option<usize>,
+    ar_split: bool,
     out: &mut Vec<crate::transport::NetEvent>,
 ) {
     const WRITE: i32 = IBV_WR_RDMA_WRITE as i32;
@@ -984,13 +982,15 @@ pub(super) fn plan_events(
         out.push(ev(0, size, WRITE_IMM));
         return;
     }
-    let opcode = if ar.is_some_and(|t| size > t) { WRITE } else { WRITE_IMM };
+    let opcode = if ar_split { WRITE } else { WRITE_IMM };
     let parts = parts.clamp(1, qps.len());
     for q in 0..parts {
         out.push(ev(q, crate::proto::verbs::qp_chunk(size, parts, q).1, opcode));
     }
 }
 
+/// Adaptive routing on a device of these members: when every member's fabric has it (as net_ib
+/// decides for a send comm).
 pub(super) fn adaptive_routing(ports: &[&'static IbPort]) -> bool {
     ports.iter().all(|p| p.adaptive_routing)
 }

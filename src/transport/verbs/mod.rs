@@ -212,7 +212,7 @@ impl Setup {
             let (remote, [fifo]) = RegBuf::carve(&devs, [fifo_len], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
             let (local, [sizes_out, hdrs]) = RegBuf::carve(&devs, [FIFO_DEPTH * SIZES_ENTRY, conn::HDRS_BYTES], 0)?;
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
-            let mut on = res::EceOn { qps: qps.iter().enumerate().map(|(i, q)| (q.qp(), ps[fuse::member_of(i, ln)])).collect() };
+            let mut on = res::EceOn::new(qps.iter().map(|q| q.qp()), ps);
             self.ece = ece::offer(&mut on, nq, cfg.ib_ece).map_err(|f| self.ece_failed(f))?;
             let keys: [u32; MAX_MEMBERS] = std::array::from_fn(|m| if m < ln { fifo.rkey_on(m) } else { 0 });
             (Local::Send { qps, cqs, mem: [remote, local], parts: send::Parts { fifo, sizes_out, hdrs } }, (fifo.addr(), keys), qpns)
@@ -380,7 +380,7 @@ impl Setup {
         };
         // ECE, before RTR: the receiver sets the sender's offer, the sender the receiver's reply.
         let took = {
-            let mut on = res::EceOn { qps: qps.iter().enumerate().map(|(i, q)| (q.qp(), self.ports[fuse::member_of(i, ln)])).collect() };
+            let mut on = res::EceOn::new(qps.iter().map(|q| q.qp()), self.ports);
             if self.send {
                 self.ece = ece::apply(&mut on, &self.ece, &m.ece).map_err(|f| self.ece_failed(f))?;
                 Vec::new()
@@ -399,7 +399,7 @@ impl Setup {
         }
         if !self.send {
             // After RTS: what the device made of each offer goes back to the sender.
-            let mut on = res::EceOn { qps: rts.iter().enumerate().map(|(i, q)| (q.qp(), self.ports[fuse::member_of(i, ln)])).collect() };
+            let mut on = res::EceOn::new(rts.iter().map(|q| q.qp()), self.ports);
             self.ece = ece::reply(&mut on, &took).map_err(|f| self.ece_failed(f))?;
             if let Some(my) = self.meta.as_mut() {
                 my.ece = self.ece.clone();

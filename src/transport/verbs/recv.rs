@@ -206,9 +206,8 @@ impl VerbsRecv {
         }
     }
 
-    /// Match arrived eager slots, in order, as far as posted receives allow, copy their payloads
-    /// out, and return credits when the engine says so.
-    /// Consume the eager messages that arrived; a credit that can wait is left for the next
+    /// Match arrived eager slots, in order, as far as posted receives allow, and copy their
+    /// payloads out. A credit that must go now is written; one that can wait is left for the next
     /// `irecv` or idle moment (`write_credit`): its write is a system call and, on Soft-RoCE, a
     /// packet's worth of the CPU's time, which the answer to the message just received would
     /// otherwise wait for.
@@ -784,7 +783,7 @@ impl Conn for VerbsRecv {
     }
 
     fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
-        let ar = self.c.adaptive_routing().then_some(crate::config::get().ib_ar_threshold);
-        super::conn::plan_events(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar, out);
+        let ar_split = self.ar && size > crate::config::get().ib_ar_threshold;
+        super::conn::plan_events(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar_split, out);
     }
 }

@@ -89,46 +89,48 @@ impl Qp {
     }
 }
 
-/// errno values meaning "this device (or libibverbs) has no ECE".
-fn ece_unsupported(rc: c_int) -> bool {
-    rc == libc::EOPNOTSUPP || rc == libc::ENOTSUP
+/// What an ECE call (`ibv_query_ece`, `ibv_set_ece`, resolved as `f`) made of `e` on queue pair
+/// `qp`: Ok(None) where ECE is unsupported (EOPNOTSUPP, ENOTSUP, or a libibverbs older than
+/// IBVERBS_1.10, `f` None), Err(errno) on any other failure.
+fn ece_call(
+    qp: &Qp,
+    f: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_ece) -> c_int>,
+    mut e: ibv_ece,
+) -> std::result::Result<Option<crate::proto::verbs::Ece>, c_int> {
+    let Some(f) = f else { return Ok(None) };
+    // SAFETY: `f` is ibv_query_ece or ibv_set_ece, resolved with the C signature declared in
+    // Verbs; qp.raw is a live QP (destroyed only in Drop, and borrowed here) and `e` a local
+    // in/out parameter.
+    match unsafe { f(qp.raw, &mut e) } {
+        0 => Ok(Some(crate::proto::verbs::Ece { vendor_id: e.vendor_id, options: e.options, comp_mask: e.comp_mask })),
+        rc if rc == libc::EOPNOTSUPP || rc == libc::ENOTSUP => Ok(None),
+        rc => Err(rc),
+    }
 }
 
 impl Qp {
-    /// `ibv_query_ece`: Ok(None) where ECE is unsupported (EOPNOTSUPP, or a libibverbs older than
-    /// IBVERBS_1.10), Err(errno) on any other failure.
+    /// `ibv_query_ece`: the queue pair's ECE (see [`ece_call`]).
     pub fn query_ece(&self) -> std::result::Result<Option<crate::proto::verbs::Ece>, c_int> {
-        let Some(f) = v().query_ece else { return Ok(None) };
-        // SAFETY: ibv_ece is three u32s, so all-zero is a valid value.
-        let mut e: ibv_ece = unsafe { std::mem::zeroed() };
-        // SAFETY: `f` is ibv_query_ece, resolved with the C signature declared in Verbs; self.raw
-        // is a live QP (destroyed only in Drop) and `e` a local out-parameter.
-        match unsafe { f(self.raw, &mut e) } {
-            0 => Ok(Some(crate::proto::verbs::Ece { vendor_id: e.vendor_id, options: e.options, comp_mask: e.comp_mask })),
-            rc if ece_unsupported(rc) => Ok(None),
-            rc => Err(rc),
-        }
+        ece_call(self, v().query_ece, ibv_ece { vendor_id: 0, options: 0, comp_mask: 0 })
     }
 
-    /// `ibv_set_ece` (the queue pair in INIT): what the device accepted; Ok(None) where ECE is
-    /// unsupported, Err(errno) on any other failure.
+    /// `ibv_set_ece` (the queue pair in INIT): what the device accepted (see [`ece_call`]).
     pub fn set_ece(&self, want: crate::proto::verbs::Ece) -> std::result::Result<Option<crate::proto::verbs::Ece>, c_int> {
-        let Some(f) = v().set_ece else { return Ok(None) };
-        let mut e = ibv_ece { vendor_id: want.vendor_id, options: want.options, comp_mask: want.comp_mask };
-        // SAFETY: `f` is ibv_set_ece, resolved with the C signature declared in Verbs; self.raw is a
-        // live QP and `e` a local in/out parameter.
-        match unsafe { f(self.raw, &mut e) } {
-            0 => Ok(Some(crate::proto::verbs::Ece { vendor_id: e.vendor_id, options: e.options, comp_mask: e.comp_mask })),
-            rc if ece_unsupported(rc) => Ok(None),
-            rc => Err(rc),
-        }
+        ece_call(self, v().set_ece, ibv_ece { vendor_id: want.vendor_id, options: want.options, comp_mask: want.comp_mask })
     }
 }
 
 /// [`super::ece::Ops`] on queue pairs of one connection, with the device each is on (for the
 /// once-per-device note of a device without ECE).
 pub struct EceOn<'a> {
-    pub qps: Vec<(&'a Qp, &'a IbPort)>,
+    qps: Vec<(&'a Qp, &'a IbPort)>,
+}
+
+impl<'a> EceOn<'a> {
+    /// Queue pair `q` of `qps` runs on member `q % ports.len()`.
+    pub fn new(qps: impl Iterator<Item = &'a Qp>, ports: &[&'a IbPort]) -> EceOn<'a> {
+        EceOn { qps: qps.enumerate().map(|(q, qp)| (qp, ports[super::fuse::member_of(q, ports.len())])).collect() }
+    }
 }
 
 impl super::ece::Ops for EceOn<'_> {

@@ -726,8 +726,8 @@ impl Conn for VerbsSend {
     }
 
     fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
-        let ar = self.c.adaptive_routing().then_some(crate::config::get().ib_ar_threshold);
-        super::conn::plan_events(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar, out);
+        let ar_split = self.eng.ar_split(size);
+        super::conn::plan_events(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar_split, out);
     }
 
     fn has_deferred(&self) -> bool {

@@ -560,7 +560,7 @@ mod tests {
             memlock: Memlock { limit: None, cap_ipc_lock: false },
             peermem: Some("module/nvidia_peermem/version"),
             cuda: Ok((12040, vec![GpuFacts { ordinal: 0, bus_id: "0000:18:00.0".into(), gdr: true, dmabuf: true }])),
-            topo: Topology { root: "/nonexistent".into(), gpus: vec![], nics: vec![], numa_nodes: vec![], c2c: vec![] },
+            topo: Topology { root: "/nonexistent".into(), gpus: vec![], nics: vec![], numa_nodes: vec![], c2c: std::sync::OnceLock::from(Vec::new()) },
             transport: ("RDMA verbs".into(), "1 active port(s): mlx5_0".into()),
             net_devs: vec!["mlx5_0".into()],
             socket_cuda: false,
