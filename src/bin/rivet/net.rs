@@ -18,6 +18,8 @@ pub struct Net {
     ctx: *mut c_void,
     pub path: PathBuf,
     pub timeout: Duration,
+    /// isend and irecv calls that the plugin answered with no request (back-pressure), so far.
+    pub refused: std::sync::atomic::AtomicU64,
 }
 
 /// `--lib`, `$RIVET_LIB`, or the library built next to this executable: `make`'s and an
@@ -157,7 +159,7 @@ impl Net {
         // SAFETY: `lib` is loaded, and init succeeded: the table is complete now.
         let t = unsafe { found.table()? };
         let timeout = Duration::from_secs(nccl_net_rivet::config::get().timeout_secs + 5);
-        Ok(Net { _lib: lib, t, ctx, path: path.to_path_buf(), timeout })
+        Ok(Net { _lib: lib, t, ctx, path: path.to_path_buf(), timeout, refused: Default::default() })
     }
 
     /// The ncclNet version of the table in use.
@@ -324,6 +326,7 @@ impl Net {
             if let Some(req) = attempt()? {
                 return Ok(req);
             }
+            self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if Instant::now() > deadline {
                 return Err(format!("{what}: no free request slot within the timeout"));
             }

@@ -22,6 +22,11 @@ pub struct Opts {
     /// Round trips of the 8-byte latency test (0: no latency test)
     #[arg(long = "lat-iters", value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(0..=10_000_000), allow_negative_numbers = true)]
     pub lat_iters: u32,
+    /// In the latency test, each side sleeps this many microseconds before it first tests for
+    /// the message it waits for, so that the test finds it: for counting what a `test` that
+    /// finds a message costs (ci/bench_instr.py), not for timing
+    #[arg(long = "lat-settle", value_name = "US", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub lat_settle: u32,
     /// Buffers in GPU memory (CUDA device 0), registered as NCCL_PTR_CUDA
     #[arg(long)]
     pub cuda: bool,
@@ -180,7 +185,8 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         ));
     }
 
-    let lat = latency(&r, o.lat_iters as usize, sp, &little)?;
+    let settle = std::time::Duration::from_micros(o.lat_settle as u64);
+    let lat = latency(&r, o.lat_iters as usize, sp, &little, !costs, settle)?;
     if let (false, Some(l)) = (costs, &lat) {
         r.out(&format!(
             "# latency (8 B ping-pong, one way): typical {:.2} us, average {:.2} us, p90 {:.2} us, p99 {:.2} us, max {:.2} us",
@@ -247,16 +253,94 @@ fn cost_row(n: usize, setup: std::time::Duration, [before, idle, after]: [&Usage
     )
 }
 
+/// Where a round trip's time goes, in cycles, one sample per timed round trip: the plugin's
+/// `isend`, the `test` that found the message (its poll, the completion's processing, the
+/// request's retirement), the mean of the `test`s before it that found nothing (how often a
+/// waiter looks), and on the responder the turnaround from the start of that `test` to the
+/// answer's `isend` returning.
+#[derive(Default)]
+struct Split {
+    isend: Vec<u64>,
+    found: Vec<u64>,
+    idle_sum: u64,
+    idle_n: u64,
+    turn: Vec<u64>,
+}
+
+impl Split {
+    fn line(&mut self, us: f64, who: &str, rtt: Option<f64>, refused: u64) -> String {
+        let med = |v: &mut Vec<u64>| {
+            v.sort_unstable();
+            v.get(v.len() / 2).map_or(0.0, |&c| c as f64 * us)
+        };
+        let (a, f) = (med(&mut self.isend), med(&mut self.found));
+        let idle = self.idle_sum as f64 / self.idle_n.max(1) as f64 * us;
+        let mut s = format!("# {who} (medians): isend {a:.2} us, the test that finds the message {f:.2} us, a test that finds nothing {idle:.2} us");
+        if !self.turn.is_empty() {
+            s += &format!(", message found to answer sent {:.2} us", med(&mut self.turn));
+        }
+        if refused > 0 {
+            s += &format!(", {refused} isend/irecv call(s) refused (no request: back-pressure)");
+        }
+        if let Some(rtt) = rtt {
+            s += &format!("; round trip {rtt:.2} us");
+        }
+        s
+    }
+}
+
+/// Set to a directory: each rank of the latency test writes there (rankN.csv) the cycle counts
+/// of every round trip's steps (TRACE_COLUMNS), for ci/lat_trace.py to lay the two ranks'
+/// timelines side by side (the counter is the same on both: one host).
+pub const TRACE_ENV: &str = "RIVET_PERF_TRACE";
+const TRACE_COLUMNS: &str = "isend_start,isend_end,found_start,found_end,irecv_end,send_done";
+
+/// Wait for one request after sleeping `settle`, timing its `test`s into `s` (when `timed`);
+/// the cycle counts at the start and the end of the `test` that found it done.
+fn wait_timed(r: &Ring, req: *mut std::ffi::c_void, s: &mut Split, timed: bool, settle: std::time::Duration) -> Res<(u64, u64)> {
+    if !settle.is_zero() {
+        std::thread::sleep(settle);
+    }
+    let mut idle = 0u64;
+    loop {
+        let t = cycles();
+        let done = r.net.test(req)?.is_some();
+        let e = cycles();
+        if done {
+            if timed {
+                s.found.push(e.wrapping_sub(t));
+            }
+            return Ok((t, e));
+        }
+        if timed {
+            s.idle_sum += e.wrapping_sub(t);
+            s.idle_n += 1;
+        }
+        idle += 1;
+        if idle % 4096 == 0 {
+            // The rest of the bounded wait (its deadline and its yields) is wait_all's.
+            r.wait_all(&[req])?;
+            let now = cycles();
+            return Ok((now, now));
+        }
+    }
+}
+
 /// The 8-byte ping-pong: rank 0 sends, rank 1 echoes, the i-th round trip on the (i mod N)-th
 /// pair of comms. Each side keeps a receive posted ahead on every receive comm (as NCCL does),
 /// so a clear-to-send is never on the critical path. Rank 0 times every round trip with the
 /// cycle counter (as perftest does: reading the clock can be a system call in a VM) and gets the
 /// median, the mean and the tail (p90, p99, max), halved.
-fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs) -> Res<Option<Lat>> {
+/// Each side also reports where its time went (`Split`); `settle` is `--lat-settle`.
+fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs, split_line: bool, settle: std::time::Duration) -> Res<Option<Lat>> {
     let (net, n) = (&r.net, r.sends.len());
     let warm = if iters == 0 { 0 } else { 100 };
     let total = warm + iters;
     let mut rtts: Vec<u64> = Vec::with_capacity(iters);
+    let mut split = Split::default();
+    let trace_dir = std::env::var_os(TRACE_ENV);
+    let mut trace: Vec<[u64; 6]> = Vec::with_capacity(if trace_dir.is_some() { total } else { 0 });
+    let refused0 = net.refused.load(std::sync::atomic::Ordering::Relaxed);
     let (mut t0, mut c0) = (Instant::now(), cycles());
     // SAFETY: (here and in each isend and irecv below) the buffers outlive the comms (see the
     // registrations); a benchmark lets a send and a receive share the small buffer, whose bytes
@@ -268,41 +352,65 @@ fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs) -> Res<Option<Lat>> {
         }
         let k = i % n;
         let again = i + n < total;
-        if r.rank == 0 {
-            let start = cycles();
+        let timed = i >= warm;
+        // The responder answers first, as perftest's does: the next receive is posted while
+        // the answer travels (a message that comes before its receive waits in the eager ring,
+        // as NCCL's, which posts its receives ahead, never has to). The initiator's answer
+        // comes after the responder's own sleep: it sleeps three times as long.
+        let found = if r.rank == 0 { None } else { Some(wait_timed(r, rr[k], &mut split, timed, settle)?) };
+        let start = cycles();
+        // SAFETY: see above.
+        let sr = unsafe { net.isend(r.sends[k], sp, 8, 0, mh.send[k])? };
+        let sent = cycles();
+        let (fs, fe) = match found {
+            Some(f) => f,
+            None => wait_timed(r, rr[k], &mut split, timed, settle * 3)?,
+        };
+        if timed {
+            split.isend.push(sent.wrapping_sub(start));
+            match found {
+                None => rtts.push(fe.wrapping_sub(start)),
+                Some(_) => split.turn.push(sent.wrapping_sub(fs)),
+            }
+        }
+        if again {
             // SAFETY: see above.
-            let sr = unsafe { net.isend(r.sends[k], sp, 8, 0, mh.send[k])? };
-            r.wait_all(&[rr[k]])?;
-            if i >= warm {
-                rtts.push(cycles().wrapping_sub(start));
-            }
-            if again {
-                // SAFETY: see above.
-                rr[k] = unsafe { net.irecv(r.recvs[k], sp, 8, 0, mh.recv[k])? };
-            }
-            r.wait_all(&[sr])?;
-        } else {
-            r.wait_all(&[rr[k]])?;
-            // The answer first, as perftest's responder does: the next receive is posted while
-            // it travels (a message that comes before its receive waits in the eager ring, as
-            // NCCL's, which posts its receives ahead, never has to).
-            // SAFETY: see above.
-            let sr = unsafe { net.isend(r.sends[k], sp, 8, 0, mh.send[k])? };
-            if again {
-                // SAFETY: see above.
-                rr[k] = unsafe { net.irecv(r.recvs[k], sp, 8, 0, mh.recv[k])? };
-            }
-            r.wait_all(&[sr])?;
+            rr[k] = unsafe { net.irecv(r.recvs[k], sp, 8, 0, mh.recv[k])? };
+        }
+        let posted = cycles();
+        r.wait_all(&[sr])?;
+        if trace_dir.is_some() {
+            trace.push([start, sent, fs, fe, posted, cycles()]);
         }
     }
-    if r.rank != 0 || rtts.is_empty() {
+    let us_per_cycle = t0.elapsed().as_secs_f64() * 1e6 / cycles().wrapping_sub(c0).max(1) as f64;
+    if let Some(d) = trace_dir {
+        let mut o = format!("# rank {} us_per_cycle {us_per_cycle} warmup {warm}\n{TRACE_COLUMNS}\n", r.rank);
+        for t in &trace {
+            o += &t.map(|c| c.to_string()).join(",");
+            o.push('\n');
+        }
+        let f = std::path::Path::new(&d).join(format!("rank{}.csv", r.rank));
+        std::fs::write(&f, o).map_err(|e| format!("{TRACE_ENV}: {}: {e}", f.display()))?;
+    }
+    if iters == 0 {
         return Ok(None);
     }
-    let us_per_cycle = t0.elapsed().as_secs_f64() * 1e6 / cycles().wrapping_sub(c0).max(1) as f64;
+    let refused = net.refused.load(std::sync::atomic::Ordering::Relaxed) - refused0;
+    if r.rank != 0 {
+        if split_line {
+            // Rank 1 speaks for itself (r.out is rank 0's): the launcher prints every rank's lines.
+            r.out_any(&split.line(us_per_cycle, "responder", None, refused));
+        }
+        return Ok(None);
+    }
     rtts.sort_unstable();
     let one_way = |c: u64| c as f64 * us_per_cycle / 2.0;
     let mean = rtts.iter().sum::<u64>() as f64 / rtts.len() as f64 * us_per_cycle / 2.0;
     let [p50, p90, p99] = [50, 90, 99].map(|p| one_way(percentile(&rtts, p)));
+    if split_line {
+        r.out(&split.line(us_per_cycle, "initiator", Some(p50 * 2.0), refused));
+    }
     Ok(Some(Lat { p50, mean, p90, p99, max: one_way(*rtts.last().unwrap()) }))
 }
 
