@@ -354,8 +354,14 @@ impl SendEngine {
                 return Ok(SendPlan::Busy);
             }
             let req = self.free.pop().unwrap();
+            // Urgent (the receiver writes its credit at once, even inside the `test` that
+            // finds this message, before its answer can go) only when this send leaves less
+            // than a quarter of the ring: a receiver writes a credit for every half of the ring
+            // it releases, at its next `irecv` or idle moment, and a ping-pong's sender, which
+            // reads it a round trip later, would otherwise find it not yet landed at the half and
+            // put a credit on the critical path of every fourth message (docs/design.md).
             let mut flags = EAGER_DATA;
-            if avail - 1 < self.ring.slots / 2 {
+            if avail - 1 < self.ring.slots / 4 {
                 flags |= EAGER_URGENT;
             }
             let hdr = EagerHdr { seq, flags, size: size as u64, tag, _pad: [0; 3] };
@@ -657,6 +663,24 @@ mod tests {
             assert_eq!(closes, want, "{nqps} QP(s), {size} bytes");
             assert!(!e.rdv_has_new(req, size), "nothing left to post");
         }
+    }
+
+    #[test]
+    fn an_eager_send_is_urgent_only_when_it_leaves_less_than_a_quarter_of_the_ring() {
+        let mut e = SendEngine::new(1, RingSpec { slots: 8, eager_max: 4096 }, Origin::default());
+        let mut urgent = Vec::new();
+        for _ in 0..8 {
+            let Ok(SendPlan::Eager { req, hdr, .. }) = e.post(8, 0, 8) else { panic!("not an eager send") };
+            urgent.push(hdr.flags & EAGER_URGENT != 0);
+            e.on_completion(req, 0);
+        }
+        // Slots left after each send: 7 … 0; urgent from 1 left on.
+        assert_eq!(urgent, [false, false, false, false, false, false, true, true]);
+        assert!(matches!(e.post(8, 0, 8), Ok(SendPlan::Busy)), "no slot left without a credit");
+        // A credit for the first four: four slots free again, the next send not urgent.
+        e.on_credit(4);
+        let Ok(SendPlan::Eager { hdr, .. }) = e.post(8, 0, 8) else { panic!("not an eager send") };
+        assert_eq!(hdr.flags & EAGER_URGENT, 0);
     }
 
     #[test]
