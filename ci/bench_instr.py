@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
 """Instructions per data-path call, for rivet and the peer plugins, in one VM run on the same link.
 
-    python3 ci/bench_instr.py [--iters 300] [--settle-us 2000] [--peers DIR] [--keep]
+    python3 ci/bench_instr.py [--iters 300] [--settle-us 5000] [--peers DIR]
 
 On Soft-RoCE the "NIC" is kernel work on the same emulated CPUs, and every instruction a plugin
 runs on the way from `isend` to the peer's `test` that finds the message is on the latency's
 critical path. Time is too noisy in an emulator to compare that work call by call; instruction
 counts are not: callgrind counts the same instructions for the same binary and inputs whatever
-else the host does. This runs `rivet perf --sizes 8 --lat-iters ITERS --lat-settle US` (the
-8-byte ping-pong; each waiter sleeps US microseconds before it first tests, so that its first
-test finds the message) under callgrind in the Soft-RoCE VM (ci/vm/guest/instr.sh; valgrind is
+else the host does. This runs `rivet perf --sizes 8 --lat-iters ITERS` (the 8-byte ping-pong;
+the initiator sleeps --settle-us after each isend, 5000 by default: `--lat-settle`, so that its one
+test per wait finds the answer while the responder's many tests find nothing) under callgrind in the Soft-RoCE VM (ci/vm/guest/instr.sh; valgrind is
 copied in from this host), through rivet and through the peers of --peers DIR (as
 ci/bench_comms.py), and prints per plugin and rank the instructions per call of the harness's
-`isend`, `irecv` and `test` calls (a `test` that finds the message, one that finds nothing, one on
-a send), and for rivet the same per layer. Counts are user space only: the kernel's share (the
-doorbell system call and, on Soft-RoCE, the packet's whole journey) is not in them.
+`isend`, `irecv` and `test` calls (a `test` that finds the message and one that finds nothing,
+solved from the two ranks' counts, whose tests per wait differ; one on a send), and for rivet
+the same per layer. Counts are user space only: the kernel's share (the doorbell system call
+and, on Soft-RoCE, the packet's whole journey) is not in them.
 """
 import argparse, os, re, shutil, subprocess, sys
 from benchlib import make_share
@@ -82,7 +83,7 @@ def per_call(funcs, name, caller=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=300)
-    ap.add_argument("--settle-us", type=int, default=2000)
+    ap.add_argument("--settle-us", type=int, default=5000)
     ap.add_argument("--peers", help="directory with the built peer plugins (../shared/peers/build.sh's out/)")
     a = ap.parse_args()
     if not shutil.which("valgrind.bin") and not os.path.exists("/usr/bin/valgrind.bin"):
@@ -105,10 +106,12 @@ def main():
     if out.returncode not in (0, 1):
         sys.exit(f"the VM run failed (exit {out.returncode}): see target/vm/instr.log")
     cg = os.path.join(share, "cg")
-    print(f"# user-space instructions per call (callgrind), 8-byte ping-pong, {a.iters} round trips after 100 of warm-up, "
-          f"each waiter asleep {a.settle_us} us before its first test")
-    print(f"{'plugin':<8} {'rank':>4} {'isend':>7} {'irecv':>7} {'test (wait)':>11} {'tests/wait':>10} {'test (send)':>11} {'isend+test':>10}")
-    layers = {}
+    print(f"# user-space instructions per call (callgrind), 8-byte ping-pong, {a.iters} round trips after 100 of warm-up"
+          + (f", the initiator asleep {a.settle_us} us after each isend" if a.settle_us else ""))
+    print("# test: finds msg / finds nothing solve count(r) = finds * waits(r) + nothing * (tests(r) - waits(r)) over the two ranks,")
+    print("# whose tests per wait differ (the same code on both); isend+finds: the work on a message's way (sender, then receiver)")
+    print(f"{'plugin':<8} {'isend':>7} {'irecv':>7} {'test: finds msg':>15} {'finds nothing':>13} {'test (send)':>11} {'isend+finds':>11}   tests/wait (r0, r1)")
+    layers, rows = {}, {}
     for f in sorted(os.listdir(cg)):
         plugin = f.split(".")[0]
         path = os.path.join(cg, f)
@@ -119,22 +122,35 @@ def main():
             continue  # the launcher
         rank = int(m[1])
         funcs = callers(path)
-        _, isend = per_call(funcs, HARNESS[0][1])
-        _, irecv = per_call(funcs, HARNESS[1][1])
-        # A settled wait's first test finds the message: at 1.00 tests per wait, the column is
-        # what a test that finds one costs.
-        nw, waited = per_call(funcs, HARNESS[2][1], "wait_timed")
-        _, sent = per_call(funcs, HARNESS[2][1], "wait_all")
         tw = funcs.get("rivet::perf::wait_timed")
-        nwaits = sum(n for n, _ in tw[1].values()) if tw else 0
-        fmt = lambda v, w=7: f"{v:{w}.0f}" if v is not None else " " * (w - 1) + "-"
-        crit = isend + waited if isend is not None and waited is not None else None
-        print(f"{plugin:<8} {rank:>4} {fmt(isend)} {fmt(irecv)} {fmt(waited, 11)} {nw / max(nwaits, 1):10.2f} {fmt(sent, 11)} {fmt(crit, 10)}")
+        nw, waited = per_call(funcs, HARNESS[2][1], "wait_timed")
+        rows.setdefault(plugin, {})[rank] = {
+            "isend": per_call(funcs, HARNESS[0][1]), "irecv": per_call(funcs, HARNESS[1][1]),
+            "sent": per_call(funcs, HARNESS[2][1], "wait_all"),
+            "waits": sum(n for n, _ in tw[1].values()) if tw else 0, "tests": nw, "cost": (waited or 0) * nw,
+        }
         if plugin == "rivet":
             for name in LAYERS:
                 n, v = per_call(funcs, name)
                 if v is not None:
                     layers.setdefault(name, []).append((rank, n, v))
+    fmt = lambda v, w=7: f"{v:{w}.0f}" if v is not None else " " * (w - 1) + "-"
+    for plugin, rk in rows.items():
+        if set(rk) != {0, 1}:
+            print(f"{plugin:<8} (a rank's profile is missing)")
+            continue
+        both = lambda k: sum(rk[r][k][0] * (rk[r][k][1] or 0) for r in (0, 1)) / max(1, sum(rk[r][k][0] for r in (0, 1)))
+        (w0, t0, c0), (w1, t1, c1) = [(rk[r]["waits"], rk[r]["tests"], rk[r]["cost"]) for r in (0, 1)]
+        # c = F*w + I*(t - w), for each rank: two equations, two unknowns.
+        det = w0 * (t1 - w1) - w1 * (t0 - w0)
+        found = nothing = None
+        if w0 and w1 and abs(det) > 0.05 * w0 * w1 * max(t0 / w0, t1 / w1):
+            found = (c0 * (t1 - w1) - c1 * (t0 - w0)) / det
+            nothing = (w0 * c1 - w1 * c0) / det
+        isend = both("isend")
+        crit = isend + found if found is not None else None
+        print(f"{plugin:<8} {fmt(isend)} {fmt(both('irecv'))} {fmt(found, 15)} {fmt(nothing, 13)} {fmt(both('sent'), 11)} {fmt(crit, 11)}"
+              f"   {t0 / max(w0, 1):.2f}, {t1 / max(w1, 1):.2f}")
     if layers:
         print("# rivet by layer: calls and instructions per call (inclusive), per rank")
         for name, rows in layers.items():

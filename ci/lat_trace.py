@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the 8-byte round trip goes, step by step, on both ranks (Soft-RoCE VM).
 
-    python3 ci/lat_trace.py [--rounds 3] [--iters 1000] [--peers DIR]
+    python3 ci/lat_trace.py [--rounds 3] [--iters 1000] [--peers DIR] [--hog [NICE]]
     python3 ci/lat_trace.py --dir DIR        # analyse one trace (rank0.csv, rank1.csv) only
 
 Runs ci/vm/guest/trace.sh: per round, ib_write_lat (the reference) and `rivet perf --sizes 8` with
@@ -19,6 +19,9 @@ prints, per plugin, the median over the rounds of each step's p50 and p90 in mic
   found (initiator)     that test
   initiator waits after isend   rank 0's isend end to that test's start
   round trip            rank 0's isend start to its found test's end
+
+and the same steps' means over the slowest 2% of round trips against all of them: where the
+tail's time goes. --hog runs one busy loop per guest vCPU (nice 19, or NICE) throughout.
 """
 import argparse, os, statistics, subprocess, sys
 from benchlib import make_share
@@ -67,6 +70,8 @@ def main():
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--peers", help="directory with the built peer plugins (../shared/peers/build.sh's out/)")
     ap.add_argument("--dir", help="analyse this trace directory only (no VM run)")
+    ap.add_argument("--hog", nargs="?", type=int, const=19, metavar="NICE",
+                    help="one busy loop per guest vCPU for the whole run, at this niceness (default 19)")
     a = ap.parse_args()
     runs = {}
     if a.dir:
@@ -78,7 +83,7 @@ def main():
         if peers:
             copy_peers(peers, os.path.join(share, "peers"))
         out = subprocess.run([os.path.join(ROOT, "ci/vm/run-vm.sh"), "--share", share, "--mtu", "9000", "--timeout", "3600",
-                              "/mnt/host/trace.sh", str(a.rounds), str(a.iters)], cwd=ROOT, capture_output=True, text=True)
+                              "/mnt/host/trace.sh", str(a.rounds), str(a.iters)] + ([f"hog:{a.hog}"] if a.hog is not None else []), cwd=ROOT, capture_output=True, text=True)
         log = out.stdout + out.stderr
         with open(os.path.join(ROOT, "target", "vm", "trace.log"), "w") as f:
             f.write(log)
@@ -94,11 +99,19 @@ def main():
                 runs.setdefault(d.rsplit(".", 1)[0], []).append(os.path.join(tdir, d))
     for plugin, dirs in runs.items():
         per = [steps(d) for d in dirs]
-        print(f"# {plugin}: microseconds per round trip, median over {len(per)} round(s) of each step's p50 and p90")
+        print(f"# {plugin}: microseconds per round trip, median over {len(per)} round(s) of each step's p50, p90, mean, and mean over the round's slowest 2%")
+        # The slowest 2% of round trips of each round, and each step's mean over them.
+        slow = []
+        for s in per:
+            cut = pct(s["round trip"], 0.98)
+            slow.append([i for i, v in enumerate(s["round trip"]) if v >= cut])
+        print(f"  {'step':<30} {'p50':>8} {'p90':>8} {'mean':>8} {'slowest 2%: mean':>17}")
         for k in per[0]:
             p50 = statistics.median(pct(s[k], 0.5) for s in per)
             p90 = statistics.median(pct(s[k], 0.9) for s in per)
-            print(f"  {k:<30} p50 {p50:8.1f}  p90 {p90:8.1f}")
+            mean = statistics.median(statistics.mean(s[k]) for s in per)
+            tail = statistics.median(statistics.mean(s[k][i] for i in idx) for s, idx in zip(per, slow))
+            print(f"  {k:<30} {p50:8.1f} {p90:8.1f} {mean:8.1f} {tail:17.1f}")
     return 0
 
 

@@ -248,10 +248,17 @@ fn pending_remove(c: Token) {
 
 /// Move other comms' waiting staged sends on (comm locks only tried, never waited for). `except`
 /// is the comm of the call being made, whose lock that call holds.
+#[inline(always)]
 fn progress_pending(except: Token) {
-    if NPENDING.load(Ordering::Acquire) == 0 {
-        return;
+    // On every test and irecv: the common case (no staged send waits anywhere) stays inline.
+    if NPENDING.load(Ordering::Acquire) != 0 {
+        progress_pending_slow(except);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn progress_pending_slow(except: Token) {
     let mut g = PENDING.lock().unwrap_or_else(|p| p.into_inner());
     g.retain(|&t| {
         if t.same_object(except) {

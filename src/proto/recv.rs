@@ -429,11 +429,14 @@ impl RecvEngine {
     /// Report `req` done if it is: the received sizes, one per buffer, and their count (0 for a
     /// flush); the slot is free again.
     pub fn take(&mut self, req: u32, sizes: &mut [usize; MAX_GROUP]) -> Result<Option<usize>, ProtoError> {
-        if self.waiting(req)? {
+        let r = match self.reqs.get_mut(req as usize) {
+            Some(r) if r.posted => r,
+            _ => return Err(ProtoError::NotInFlight { req, send: false }),
+        };
+        if r.left > 0 {
             return Ok(None);
         }
-        let r = self.reqs[req as usize];
-        self.reqs[req as usize].posted = false;
+        r.posted = false;
         if r.flush {
             self.free_flush.push(req as u16);
             return Ok(Some(0));
@@ -442,7 +445,10 @@ impl RecvEngine {
         for (s, e) in sizes.iter_mut().zip(&r.entries[..n]) {
             *s = e.got as usize;
         }
-        if let Some(pos) = self.order.iter().position(|&x| x as u32 == req) {
+        // Usually the oldest receive (NCCL tests its receives in order).
+        if self.order.front() == Some(&(req as u16)) {
+            self.order.pop_front();
+        } else if let Some(pos) = self.order.iter().position(|&x| x as u32 == req) {
             self.order.remove(pos);
         }
         self.free.push(req as u16);

@@ -3,12 +3,12 @@
 # ping-pong of `rivet perf` under callgrind (valgrind copied from the host into the share: vg/),
 # through rivet and through the peers that are in the share (peers/: NCCL's IB transport,
 # aws-ofi-nccl), with the settings of ../shared/peers/README.md. Rank 0 on rxe0, rank 1 on rxe1.
-# Each waiter sleeps SETTLE us before its first test, so that the test finds the message.
+# The initiator sleeps SETTLE us after each isend, so that its test finds the answer.
 # Output: one callgrind file per process in /mnt/host/cg/PLUGIN.PID, and OK/FAIL lines.
 # Usage: instr.sh ITERS SETTLE_US
 . /guest/lib.sh
 cd /mnt/host || exit 2
-iters=${1:-300} settle=${2:-2000}
+iters=${1:-300} settle=${2:-5000}
 G=${RXE0_GID_INDEX:-1}
 mkdir -p /mnt/host/cg
 export VALGRIND_LIB=/mnt/host/vg

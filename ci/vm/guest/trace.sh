@@ -5,10 +5,15 @@
 # (peers/libnccl-net-rdma-sharp.so, with ../shared/peers/README.md's settings). Rank 0 on rxe0,
 # rank 1 on rxe1. Output: PERFTEST and prefixed `rivet perf` lines; the traces in
 # /mnt/host/trace/PLUGIN.ROUND/rankN.csv.
-# Usage: trace.sh ROUNDS ITERS
+# Usage: trace.sh ROUNDS ITERS [hog|hog:NICE]
+#   hog: one busy loop per vCPU at nice 19 (hog:NICE at that niceness) for the whole run
 . /guest/lib.sh
 cd /mnt/host || exit 2
 rounds=${1:-3} iters=${2:-1000}
+case "${3:-}" in
+  hog) start_hogs 19 ;;
+  hog:*) start_hogs "${3#hog:}" ;;
+esac
 G0=${RXE0_GID_INDEX:-1} G1=${RXE1_GID_INDEX:-1}
 PL=/mnt/host/peers/lib
 r=1
@@ -30,4 +35,5 @@ while [ $r -le "$rounds" ]; do
   done
   r=$((r + 1))
 done
+[ -n "${hogs:-}" ] && kill $hogs 2>/dev/null
 exit 0

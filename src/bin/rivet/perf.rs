@@ -6,7 +6,7 @@ use crate::peer::Ring;
 use crate::usage::Usage;
 use crate::{parse_size, Common};
 use clap::Args;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct Opts {
@@ -22,9 +22,10 @@ pub struct Opts {
     /// Round trips of the 8-byte latency test (0: no latency test)
     #[arg(long = "lat-iters", value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(0..=10_000_000), allow_negative_numbers = true)]
     pub lat_iters: u32,
-    /// In the latency test, each side sleeps this many microseconds before it first tests for
-    /// the message it waits for, so that the test finds it: for counting what a `test` that
-    /// finds a message costs (ci/bench_instr.py), not for timing
+    /// In the latency test, the initiator sleeps this many microseconds after each isend
+    /// before it tests for the answer, so that its test finds it (while the responder's tests
+    /// find nothing): for counting what each kind of `test` costs (ci/bench_instr.py), not for
+    /// timing
     #[arg(long = "lat-settle", value_name = "US", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub lat_settle: u32,
     /// Buffers in GPU memory (CUDA device 0), registered as NCCL_PTR_CUDA
@@ -185,7 +186,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         ));
     }
 
-    let settle = std::time::Duration::from_micros(o.lat_settle as u64);
+    let settle = Duration::from_micros(o.lat_settle as u64);
     let lat = latency(&r, o.lat_iters as usize, sp, &little, !costs, settle)?;
     if let (false, Some(l)) = (costs, &lat) {
         r.out(&format!(
@@ -297,7 +298,7 @@ const TRACE_COLUMNS: &str = "isend_start,isend_end,found_start,found_end,irecv_e
 
 /// Wait for one request after sleeping `settle`, timing its `test`s into `s` (when `timed`);
 /// the cycle counts at the start and the end of the `test` that found it done.
-fn wait_timed(r: &Ring, req: *mut std::ffi::c_void, s: &mut Split, timed: bool, settle: std::time::Duration) -> Res<(u64, u64)> {
+fn wait_timed(r: &Ring, req: *mut std::ffi::c_void, s: &mut Split, timed: bool, settle: Duration) -> Res<(u64, u64)> {
     if !settle.is_zero() {
         std::thread::sleep(settle);
     }
@@ -332,7 +333,7 @@ fn wait_timed(r: &Ring, req: *mut std::ffi::c_void, s: &mut Split, timed: bool, 
 /// cycle counter (as perftest does: reading the clock can be a system call in a VM) and gets the
 /// median, the mean and the tail (p90, p99, max), halved.
 /// Each side also reports where its time went (`Split`); `settle` is `--lat-settle`.
-fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs, split_line: bool, settle: std::time::Duration) -> Res<Option<Lat>> {
+fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs, split_line: bool, settle: Duration) -> Res<Option<Lat>> {
     let (net, n) = (&r.net, r.sends.len());
     let warm = if iters == 0 { 0 } else { 100 };
     let total = warm + iters;
@@ -355,16 +356,15 @@ fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs, split_line: bool, set
         let timed = i >= warm;
         // The responder answers first, as perftest's does: the next receive is posted while
         // the answer travels (a message that comes before its receive waits in the eager ring,
-        // as NCCL's, which posts its receives ahead, never has to). The initiator's answer
-        // comes after the responder's own sleep: it sleeps three times as long.
-        let found = if r.rank == 0 { None } else { Some(wait_timed(r, rr[k], &mut split, timed, settle)?) };
+        // as NCCL's, which posts its receives ahead, never has to).
+        let found = if r.rank == 0 { None } else { Some(wait_timed(r, rr[k], &mut split, timed, Duration::ZERO)?) };
         let start = cycles();
         // SAFETY: see above.
         let sr = unsafe { net.isend(r.sends[k], sp, 8, 0, mh.send[k])? };
         let sent = cycles();
         let (fs, fe) = match found {
             Some(f) => f,
-            None => wait_timed(r, rr[k], &mut split, timed, settle * 3)?,
+            None => wait_timed(r, rr[k], &mut split, timed, settle)?,
         };
         if timed {
             split.isend.push(sent.wrapping_sub(start));

@@ -474,19 +474,31 @@ impl Common {
     /// `cqs` are the members' CQs, in member order.
     pub(super) fn poll(&mut self, cqs: &[Cq]) -> Result<usize> {
         let mut n = 0;
-        // From a member that turns each call, so that a busy one does not keep the others'
-        // completions waiting.
-        self.poll_from = self.poll_from.wrapping_add(1);
-        for i in 0..cqs.len() {
-            let m = (self.poll_from as usize + i) % cqs.len();
-            let k = match cqs[m].poll(&mut self.wc[n..]) {
+        if let [cq] = cqs {
+            // One member (every connection without NIC fusion): its completions are member 0's.
+            n = match cq.poll(&mut self.wc) {
                 Ok(k) => k,
-                Err(e) => return Err(self.die(Error::system(format!("{}: {e}", self.where_on(m, 0))))),
+                Err(e) => return Err(self.die(Error::system(format!("{}: {e}", self.where_on(0, 0))))),
             };
-            self.wc_member[n..n + k].fill(m as u8);
-            n += k;
-            if n == POLL_BATCH {
-                break;
+            if n == 0 {
+                return Ok(0);
+            }
+            self.wc_member[..n].fill(0);
+        } else {
+            // From a member that turns each call, so that a busy one does not keep the others'
+            // completions waiting.
+            self.poll_from = self.poll_from.wrapping_add(1);
+            for i in 0..cqs.len() {
+                let m = (self.poll_from as usize + i) % cqs.len();
+                let k = match cqs[m].poll(&mut self.wc[n..]) {
+                    Ok(k) => k,
+                    Err(e) => return Err(self.die(Error::system(format!("{}: {e}", self.where_on(m, 0))))),
+                };
+                self.wc_member[n..n + k].fill(m as u8);
+                n += k;
+                if n == POLL_BATCH {
+                    break;
+                }
             }
         }
         for i in 0..n {
@@ -848,13 +860,19 @@ impl Common {
     }
 
     /// Called when a call made no progress: notices a vanished peer or a fatal device event.
+    #[inline]
     pub(super) fn idle(&mut self, outstanding: usize) -> Result<()> {
         // The coarse clock is no system call on any host (see `sys::clock`); looked at only every
-        // IDLE_CALLS idle calls all the same.
+        // IDLE_CALLS idle calls all the same (the count stays inline: every idle `test` makes it).
         self.idle_calls = self.idle_calls.wrapping_add(1);
         if self.idle_calls % IDLE_CALLS != 0 {
             return Ok(());
         }
+        self.idle_check(outstanding)
+    }
+
+    #[inline(never)]
+    fn idle_check(&mut self, outstanding: usize) -> Result<()> {
         let now = crate::sys::clock::coarse_ms();
         if now.saturating_sub(self.last_check) < LIVENESS_EVERY.as_millis() as u64 {
             return Ok(());

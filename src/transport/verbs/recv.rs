@@ -291,7 +291,9 @@ impl VerbsRecv {
     /// Nothing moved: liveness, the device's events and the peer's notices, and a failover
     /// they call for.
     fn idle(&mut self) -> Result<()> {
-        self.write_credit()?;
+        if self.eng.credit_pending() {
+            self.write_credit()?;
+        }
         self.c.idle(self.eng.outstanding())?;
         if self.c.failover_due() {
             self.fail_over()?;
