@@ -40,6 +40,17 @@ cp "ci/vm/guest/$guest" ci/vm/guest/lib.sh "$share/"
 log=target/vm/${guest%.sh}.log
 rc=0
 ci/vm/run-vm.sh --share "$share" --mtu 9000 --timeout "${RIVET_VM_TIMEOUT:-1800}" "/mnt/host/$guest" > "$log" 2>&1 || rc=$?
+# The guest kernel's own rxe (Debian 6.1) can fault computing the ICRC of a packet that netem
+# corrupted (a page fault under rxe_icrc_check, in softirq: a kernel panic, whatever the plugin
+# does). Seen once in the impaired-link suite's corrupt step; that run is repeated once, from a
+# fresh boot, and a second such panic fails.
+if [ "$rc" = 125 ] && grep -q 'Kernel panic' "$log" && grep -q 'rxe_icrc' "$log"; then
+  grep -E '^VERBS |^IMPAIR ' "$log" || true
+  echo "vm-test: the guest kernel panicked inside rxe's ICRC check (a Soft-RoCE kernel bug on a corrupted packet, not rivet's); running $guest once more"
+  cp "$log" "${log%.log}.panic.log"
+  rc=0
+  ci/vm/run-vm.sh --share "$share" --mtu 9000 --timeout "${RIVET_VM_TIMEOUT:-1800}" "/mnt/host/$guest" > "$log" 2>&1 || rc=$?
+fi
 grep -E '^VERBS |^IMPAIR |^TABLE |^=== (summary|table)|VERBS_FAILED|IMPAIR_FAILED|RXE_RESULT|run-vm:' "$log" | grep -v '^run-vm: qemu' || true
 if [ "$rc" != 0 ]; then
   echo "vm-test: FAILED (exit $rc); the VM's console log ($log) follows"
