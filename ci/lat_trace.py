@@ -4,7 +4,8 @@
     python3 ci/lat_trace.py [--rounds 3] [--iters 1000] [--peers DIR] [--hog [NICE]]
     python3 ci/lat_trace.py --dir DIR        # analyse one trace (rank0.csv, rank1.csv) only
 
-Runs ci/vm/guest/trace.sh: per round, ib_write_lat (the reference) and `rivet perf --sizes 8` with
+Runs ci/vm/guest/trace.sh: per round, ib_write_lat (the reference; the receiver polls memory),
+ib_send_lat (the receiver polls a CQ, as with a write with immediate) and `rivet perf --sizes 8` with
 RIVET_PERF_TRACE set, through rivet and through NCCL's IB transport (nccl-rdma-sharp-plugins, when
 --peers DIR or /tmp/rivet-peers/out has it, as ci/bench_comms.py). Each rank writes the cycle
 counts of each round trip's steps; both ranks run on one host, so their counts line up, and this
@@ -89,10 +90,11 @@ def main():
             f.write(log)
         if out.returncode != 0:
             sys.exit(f"the VM run failed (exit {out.returncode}): see target/vm/trace.log")
-        pt = [float(l.split("typical=")[1].split()[0]) for l in log.splitlines() if l.startswith("PERFTEST write_lat")]
-        if pt:
-            print(f"# ib_write_lat 8 B one way, typical: median {statistics.median(pt):.1f} us (rounds: {', '.join(f'{x:.1f}' for x in pt)});"
-                  f" its round trip {2 * statistics.median(pt):.1f} us")
+        for tool in ("write_lat", "send_lat"):
+            pt = [float(l.split("typical=")[1].split()[0]) for l in log.splitlines() if l.startswith(f"PERFTEST {tool} ")]
+            if pt:
+                print(f"# ib_{tool} 8 B one way, typical: median {statistics.median(pt):.1f} us (rounds: {', '.join(f'{x:.1f}' for x in pt)});"
+                      f" its round trip {2 * statistics.median(pt):.1f} us")
         tdir = os.path.join(share, "trace")
         for d in sorted(os.listdir(tdir)):
             if os.path.exists(os.path.join(tdir, d, "rank1.csv")):

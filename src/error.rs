@@ -17,17 +17,40 @@ pub enum Kind {
     InvalidArgument,
 }
 
+/// An error: boxed, so that a `Result` of a small value fits in registers (every data-path
+/// call returns one, and most layers pass it on).
 #[derive(Debug, Clone)]
-pub struct Error {
+pub struct Error(Box<Inner>);
+
+#[derive(Debug, Clone)]
+pub struct Inner {
     pub kind: Kind,
     pub msg: String,
+}
+
+impl std::ops::Deref for Error {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Error {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.0
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    #[cold]
     pub fn new(kind: Kind, msg: impl Into<String>) -> Self {
-        Error { kind, msg: msg.into() }
+        Error(Box::new(Inner { kind, msg: msg.into() }))
+    }
+    /// The message, taken out.
+    pub fn into_msg(self) -> String {
+        self.0.msg
     }
     pub fn system(msg: impl Into<String>) -> Self {
         Self::new(Kind::System, msg)

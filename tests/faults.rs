@@ -392,6 +392,11 @@ fn stale_and_foreign_handles_are_errors() {
     // returned; the buffers are this test's and outlive their requests (the test waits for them or
     // closes the comm first).
     unsafe {
+        // A send with the handle while it is live (the comm keeps its registration at hand).
+        let mut sent = null;
+        let data = src.as_ptr() as *mut c_void;
+        assert_eq!(t().isend.unwrap()(sc, data, 4096, 1, mh, null, &mut sent), 0, "a send with a live memory handle");
+        assert!(!sent.is_null());
         assert_eq!(t().closeRecv.unwrap()(rc), 0);
         let (mut done, mut sz) = (7, 0);
         assert_eq!(t().test.unwrap()(r, &mut done, &mut sz), 3, "test on a request of a closed comm");
@@ -400,9 +405,13 @@ fn stale_and_foreign_handles_are_errors() {
         assert_eq!(t().deregMr.unwrap()(sc, mh), 0);
         assert_eq!(t().deregMr.unwrap()(sc, mh), 3, "a memory handle released twice");
         let mut req = null;
-        let data = src.as_ptr() as *mut c_void;
         assert_eq!(t().isend.unwrap()(sc, data, 4096, 1, mh, null, &mut req), 3, "a send with a released memory handle");
         assert!(req.is_null());
+        // A new registration may take the released one's slot: the old handle still names nothing.
+        let mh2 = reg(sc, src.as_ptr(), src.len());
+        assert_eq!(t().isend.unwrap()(sc, data, 4096, 1, mh, null, &mut req), 3, "a released memory handle after its slot was reused");
+        assert!(req.is_null());
+        assert_eq!(t().deregMr.unwrap()(sc, mh2), 0);
         assert_eq!(t().closeSend.unwrap()(sc), 0);
         assert_eq!(t().isend.unwrap()(sc, data, 4096, 1, null, null, &mut req), 3, "a send on a closed comm");
         assert_eq!(t().closeListen.unwrap()(lc), 0);

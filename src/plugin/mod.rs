@@ -106,6 +106,10 @@ pub struct Comm {
     /// The queue pairs of the request being posted (kept to reuse its allocation: NCCL passes
     /// its callback whether or not a profiler is loaded, so this runs for every message).
     ev_buf: Vec<crate::transport::NetEvent>,
+    /// The memory handle this comm's last isend or irecv named and its registration: NCCL
+    /// passes the same few handles again and again, and a registration never changes while its
+    /// handle is live (checked by generation, without the table's lock).
+    last_mr: Option<(Token, MrInfo)>,
 }
 
 impl Comm {
@@ -153,7 +157,7 @@ impl Comm {
             return Err(Error::internal(format!("a comm with {} request slots (at most {MAX_REQUESTS})", conn.capacity())));
         }
         let kind = if send { Kind::SendComm } else { Kind::RecvComm };
-        Ok(COMMS.insert(kind, Comm { send, dev, conn, events: Vec::new(), posted: 0, ev_buf: Vec::new() }).map_err(|_| full("comm"))?.to_ptr())
+        Ok(COMMS.insert(kind, Comm { send, dev, conn, events: Vec::new(), posted: 0, ev_buf: Vec::new(), last_mr: None }).map_err(|_| full("comm"))?.to_ptr())
     }
 }
 
@@ -180,25 +184,33 @@ fn any_comm(p: *mut c_void) -> Result<Guard<'static, Comm>> {
     COMMS.get(t).map_err(|e| stale("comm", p, e))
 }
 
-/// The registration behind a memory handle NCCL passes on the data path, copied out.
-fn mr_info(mh: *mut c_void) -> Result<Option<MrInfo>> {
+/// The registration behind a memory handle NCCL passes on the data path, copied out (from the
+/// comm's `last_mr` while that handle is live: deregistration changes its generation).
+fn mr_info(c: &mut Comm, mh: *mut c_void) -> Result<Option<MrInfo>> {
     if mh.is_null() {
         return Ok(None);
     }
+    if let Some((t, info)) = &c.last_mr {
+        if t.to_ptr() == mh && MRS.live(*t) {
+            return Ok(Some(*info));
+        }
+    }
     let t = token(mh, &[Kind::Mr], "memory handle")?;
-    Ok(Some(MRS.get(t).map_err(|e| stale("memory handle", mh, e))?.info))
+    let info = MRS.get(t).map_err(|e| stale("memory handle", mh, e))?.info;
+    c.last_mr = Some((t, info));
+    Ok(Some(info))
 }
 
 /// The registration of buffer `i` of a grouped call (`mh` may be NULL: no handles at all).
 ///
 /// # Safety
 /// A non-NULL `mh` holds at least `i + 1` handles.
-unsafe fn mr_at(mh: *mut *mut c_void, i: usize) -> Result<Option<MrInfo>> {
+unsafe fn mr_at(c: &mut Comm, mh: *mut *mut c_void, i: usize) -> Result<Option<MrInfo>> {
     if mh.is_null() {
         return Ok(None);
     }
     // SAFETY: the caller's promise.
-    mr_info(unsafe { *mh.add(i) })
+    mr_info(c, unsafe { *mh.add(i) })
 }
 
 fn request(t: Token, slot: Option<u32>) -> *mut c_void {
@@ -216,7 +228,8 @@ pub unsafe fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, m
     }
     // SAFETY: the caller's promise is Lent's.
     let data = unsafe { Lent::new(data as *mut u8, size) };
-    let slot = c.conn.isend(data, tag, mr_info(mh)?)?;
+    let mr = mr_info(&mut c, mh)?;
+    let slot = c.conn.isend(data, tag, mr)?;
     c.profile_start(slot, std::iter::once((size, ph)));
     if c.conn.has_pending_sends() {
         pending_add(t);
@@ -303,7 +316,7 @@ pub unsafe fn irecv(
     for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
         let size = size_of(i)?;
         // SAFETY: i < n, the caller's promise for `data`, `tags` and `mh`.
-        let (ptr, tag, mr) = unsafe { (*data.add(i) as *mut u8, *tags.add(i), mr_at(mh, i)?) };
+        let (ptr, tag, mr) = unsafe { (*data.add(i) as *mut u8, *tags.add(i), mr_at(&mut c, mh, i)?) };
         if ptr.is_null() && size > 0 {
             return Err(Error::internal(format!("irecv buffer {i} of {size} bytes is NULL")));
         }
@@ -338,7 +351,7 @@ pub unsafe fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mu
     let mut bufs = [RecvBuf::EMPTY; MAX_RECVS];
     for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
         // SAFETY: i < n, the caller's promise.
-        let (size, ptr, mr) = unsafe { ((*sizes.add(i)).max(0) as usize, *data.add(i) as *mut u8, mr_at(mh, i)?) };
+        let (size, ptr, mr) = unsafe { ((*sizes.add(i)).max(0) as usize, *data.add(i) as *mut u8, mr_at(&mut c, mh, i)?) };
         // SAFETY: the caller's promise for the buffer is Lent's.
         *b = RecvBuf { buf: unsafe { Lent::new(ptr, size) }, tag: 0, mr };
     }

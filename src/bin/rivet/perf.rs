@@ -119,9 +119,9 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let mut small = [0u8; 8];
     // With --cuda the same pattern lives in GPU memory, registered as CUDA buffers.
     let gpu = if o.cuda {
-        let big = nccl_net_rivet::gpu::cuda::DeviceBuf::new(0, max).map_err(|e| e.msg)?;
-        big.upload(&buf).map_err(|e| e.msg)?;
-        let small = nccl_net_rivet::gpu::cuda::DeviceBuf::new(0, 8).map_err(|e| e.msg)?;
+        let big = nccl_net_rivet::gpu::cuda::DeviceBuf::new(0, max).map_err(|e| e.into_msg())?;
+        big.upload(&buf).map_err(|e| e.into_msg())?;
+        let small = nccl_net_rivet::gpu::cuda::DeviceBuf::new(0, 8).map_err(|e| e.into_msg())?;
         Some((big, small))
     } else {
         None
@@ -212,7 +212,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     if let (Some((b, _)), Some(&last)) = (&gpu, sizes.last()) {
         if rank == 1 {
             let mut got = vec![0u8; last];
-            b.download(&mut got).map_err(|e| e.msg)?;
+            b.download(&mut got).map_err(|e| e.into_msg())?;
             wrong = got.iter().enumerate().filter(|(i, v)| **v != (i * 131) as u8).count() as u64;
             // Rank 1 speaks here (r.out is rank 0's): the launcher prints every rank's OUT lines.
             println!("OUT # GPU buffer check: {wrong} wrong byte(s) of {last}");

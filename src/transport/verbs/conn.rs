@@ -944,29 +944,35 @@ fn event_hint(ev: &str) -> &'static str {
     }
 }
 
-pub(super) fn mr_for(mr: Option<MrInfo>, ptr: usize, size: usize, dev: usize, members: usize, need: u32, what: &str) -> Result<MrInfo> {
+/// The registration of a buffer the data path was handed, checked against the device, range and
+/// access it needs (the checks inline; the error, which says what is wrong, out of line).
+#[inline]
+pub(super) fn mr_for<'a>(mr: &'a Option<MrInfo>, ptr: usize, size: usize, dev: usize, members: usize, need: u32, what: &str) -> Result<&'a MrInfo> {
+    match mr {
+        Some(m) if m.dev == dev && m.nmembers() >= members && m.covers(ptr, size) && m.access & need == need => Ok(m),
+        _ => Err(mr_error(mr, ptr, size, dev, members, need, what)),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn mr_error(mr: &Option<MrInfo>, ptr: usize, size: usize, dev: usize, members: usize, need: u32, what: &str) -> Error {
     let Some(m) = mr else {
-        return Err(Error::internal(format!("{what} of {size} bytes at {ptr:#x} without a memory handle")));
+        return Error::internal(format!("{what} of {size} bytes at {ptr:#x} without a memory handle"));
     };
     if m.dev != dev || m.nmembers() < members {
-        return Err(Error::internal(format!(
+        return Error::internal(format!(
             "{what}: the memory handle was registered on another device (regMr must be called on a comm of the same device; a fused device's comm needs a registration on every member, {} here of {members})",
             m.nmembers()
-        )));
+        ));
     }
     if !m.covers(ptr, size) {
-        return Err(Error::internal(format!(
-            "{what}: [{ptr:#x}, +{size}) is not inside its registration [{:#x}, +{})",
-            m.addr, m.len
-        )));
+        return Error::internal(format!("{what}: [{ptr:#x}, +{size}) is not inside its registration [{:#x}, +{})", m.addr, m.len));
     }
-    if m.access & need != need {
-        return Err(Error::internal(format!(
-            "{what}: the buffer was registered without the access it needs ({:#x} lacks {need:#x}): register receive buffers through a receive comm",
-            m.access
-        )));
-    }
-    Ok(m)
+    Error::internal(format!(
+        "{what}: the buffer was registered without the access it needs ({:#x} lacks {need:#x}): register receive buffers through a receive comm",
+        m.access
+    ))
 }
 
 pub(super) fn dev_id(port: &IbPort) -> usize {

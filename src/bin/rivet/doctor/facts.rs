@@ -69,8 +69,8 @@ fn cuda_facts() -> Result<(i32, Vec<GpuFacts>), String> {
     let c = cuda::get().map_err(|s| s.to_string())?;
     let mut gpus = Vec::new();
     for o in 0..c.devices {
-        let bus_id = cuda::bus_id(o).map_err(|e| e.msg)?;
-        let (gdr, dmabuf) = cuda::gdr_attributes(o).map_err(|e| e.msg)?;
+        let bus_id = cuda::bus_id(o).map_err(|e| e.into_msg())?;
+        let (gdr, dmabuf) = cuda::gdr_attributes(o).map_err(|e| e.into_msg())?;
         gpus.push(GpuFacts { ordinal: o, bus_id, gdr, dmabuf });
     }
     Ok((c.driver_version, gpus))
@@ -101,7 +101,7 @@ impl Facts {
                     ),
                 ),
             },
-            Err(e) => ("none".into(), e.msg),
+            Err(e) => ("none".into(), e.into_msg()),
         };
         Facts {
             version: nccl_net_rivet::plugin::VERSION.to_string(),
