@@ -30,16 +30,27 @@ use std::sync::atomic::{fence, Ordering};
 // A GPU-bound eager copy is fenced by its ring slot's number.
 const _: () = assert!(super::conn::RING_SLOTS <= crate::gpu::staging::FENCES);
 
-/// Post `n` zero-length receives on `qp` (each consumes one completion with immediate data).
+/// Post `n` zero-length receives on `qp` (each consumes one completion with immediate data), in
+/// chains of up to 32 work requests per call (the provider's lock and checks once per chain).
 pub fn post_recvs(qp: &QpRts, n: u32) -> std::result::Result<(), i32> {
-    for _ in 0..n {
-        let mut wr = ibv_recv_wr { wr_id: KIND_RECV << KIND_SHIFT, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
+    const CHAIN: usize = 32;
+    let blank = ibv_recv_wr { wr_id: KIND_RECV << KIND_SHIFT, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
+    let mut wrs = [blank; CHAIN];
+    let mut left = n as usize;
+    while left > 0 {
+        let k = left.min(CHAIN);
+        for i in 0..k {
+            let next = if i + 1 < k { &mut wrs[i + 1] as *mut ibv_recv_wr } else { std::ptr::null_mut() };
+            wrs[i].next = next;
+        }
         let mut bad = std::ptr::null_mut();
-        // SAFETY: a valid receive work request without a scatter list, on a live queue pair.
-        let rc = unsafe { verbs::post_recv(qp.qp().raw(), &mut wr, &mut bad) };
+        // SAFETY: `k` valid receive work requests without scatter lists, linked through `next`
+        // (the last one's is NULL), on a live queue pair; the array outlives the call.
+        let rc = unsafe { verbs::post_recv(qp.qp().raw(), wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
             return Err(rc);
         }
+        left -= k;
     }
     Ok(())
 }
@@ -293,6 +304,12 @@ impl VerbsRecv {
     fn idle(&mut self) -> Result<()> {
         if self.eng.credit_pending() {
             self.write_credit()?;
+        }
+        for q in 0..self.qps.len() {
+            // In batches of a quarter of the queue or more (see `progress`).
+            if self.posted_recvs[q] <= self.rq - self.rq / 4 {
+                self.repost(q)?;
+            }
         }
         self.c.idle(self.eng.outstanding())?;
         if self.c.failover_due() {
@@ -656,9 +673,10 @@ impl VerbsRecv {
             self.fail_over()?;
         }
         for q in 0..self.qps.len() {
-            // In batches of a quarter of the queue (the exact need is checked before each CTS
-            // and credit write).
-            if self.posted_recvs[q] <= self.rq - self.rq / 4 {
+            // Topped up here only once half the queue is used (a stream that is never idle);
+            // usually at an idle moment (`idle`), off the path of the message just found. The
+            // exact need is checked before each CTS and credit write.
+            if self.posted_recvs[q] <= self.rq / 2 {
                 self.repost(q)?;
             }
         }
