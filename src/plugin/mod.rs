@@ -184,21 +184,20 @@ fn any_comm(p: *mut c_void) -> Result<Guard<'static, Comm>> {
     COMMS.get(t).map_err(|e| stale("comm", p, e))
 }
 
-/// The registration behind a memory handle NCCL passes on the data path, copied out (from the
-/// comm's `last_mr` while that handle is live: deregistration changes its generation).
-fn mr_info(c: &mut Comm, mh: *mut c_void) -> Result<Option<MrInfo>> {
+/// The registration behind a memory handle NCCL passes on the data path, from the comm's
+/// `last_mr` (looked up in the table when `mh` is another handle; kept while that handle is
+/// live: deregistration changes its generation).
+fn mr_info(last: &mut Option<(Token, MrInfo)>, mh: *mut c_void) -> Result<Option<&MrInfo>> {
     if mh.is_null() {
         return Ok(None);
     }
-    if let Some((t, info)) = &c.last_mr {
-        if t.to_ptr() == mh && MRS.live(*t) {
-            return Ok(Some(*info));
-        }
+    let hit = matches!(last, Some((t, _)) if t.to_ptr() == mh && MRS.live(*t));
+    if !hit {
+        let t = token(mh, &[Kind::Mr], "memory handle")?;
+        let info = MRS.get(t).map_err(|e| stale("memory handle", mh, e))?.info;
+        *last = Some((t, info));
     }
-    let t = token(mh, &[Kind::Mr], "memory handle")?;
-    let info = MRS.get(t).map_err(|e| stale("memory handle", mh, e))?.info;
-    c.last_mr = Some((t, info));
-    Ok(Some(info))
+    Ok(last.as_ref().map(|(_, info)| info))
 }
 
 /// The registration of buffer `i` of a grouped call (`mh` may be NULL: no handles at all).
@@ -210,7 +209,7 @@ unsafe fn mr_at(c: &mut Comm, mh: *mut *mut c_void, i: usize) -> Result<Option<M
         return Ok(None);
     }
     // SAFETY: the caller's promise.
-    mr_info(c, unsafe { *mh.add(i) })
+    Ok(mr_info(&mut c.last_mr, unsafe { *mh.add(i) })?.copied())
 }
 
 fn request(t: Token, slot: Option<u32>) -> *mut c_void {
@@ -228,8 +227,8 @@ pub unsafe fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, m
     }
     // SAFETY: the caller's promise is Lent's.
     let data = unsafe { Lent::new(data as *mut u8, size) };
-    let mr = mr_info(&mut c, mh)?;
-    let slot = c.conn.isend(data, tag, mr)?;
+    let cm = &mut *c;
+    let slot = cm.conn.isend(data, tag, mr_info(&mut cm.last_mr, mh)?)?;
     c.profile_start(slot, std::iter::once((size, ph)));
     if c.conn.has_pending_sends() {
         pending_add(t);

@@ -206,12 +206,12 @@ impl MrInfo {
 }
 
 /// How the buffer behind a registration NCCL passed travels (Host where it passed none).
-pub(crate) fn path_of(mr: Option<MrInfo>) -> Path {
+pub(crate) fn path_of(mr: Option<&MrInfo>) -> Path {
     mr.map_or(Path::Host, |m| m.path)
 }
 
 /// The GPU owning the buffer behind a registration (None for host memory or no registration).
-pub(crate) fn gpu_of(mr: Option<MrInfo>) -> Option<i32> {
+pub(crate) fn gpu_of(mr: Option<&MrInfo>) -> Option<i32> {
     mr.and_then(|m| m.gpu)
 }
 
@@ -281,14 +281,14 @@ pub struct NetEvent {
 /// handed out by `isend`/`irecv` and free again once `test` reported it done.
 pub trait Conn: Send {
     /// Post a send; `Ok(None)` is back-pressure (no free slot), the caller retries later.
-    fn isend(&mut self, _data: Lent, _tag: i32, _mr: Option<MrInfo>) -> Result<Option<u32>> {
+    fn isend(&mut self, _data: Lent, _tag: i32, _mr: Option<&MrInfo>) -> Result<Option<u32>> {
         Err(Error::internal("isend called on a receive comm"))
     }
     /// Post a send of which only the first `ready` bytes (< its size) can be read yet, for the
     /// staging engine to overlap its device-to-host copy with the network: `set_ready` raises
     /// the mark as the copy proceeds. A transport that cannot send part of a message answers
     /// with back-pressure until all of it is ready.
-    fn isend_partial(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
+    fn isend_partial(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>, ready: usize) -> Result<Option<u32>> {
         if ready >= data.len() {
             self.isend(data, tag, mr)
         } else {

@@ -260,7 +260,7 @@ impl Staged {
                 _ => return Err(Error::internal("staging: a queued send in an unexpected state")),
             };
             let size = data.len();
-            let Some(inner) = self.inner.isend_partial(data, tag, mr, ready)? else { return Ok(()) };
+            let Some(inner) = self.inner.isend_partial(data, tag, mr.as_ref(), ready)? else { return Ok(()) };
             self.queue.pop_front();
             let slot = &mut self.slots[m as usize];
             match slot {
@@ -304,7 +304,7 @@ impl Staged {
 }
 
 impl Conn for Staged {
-    fn isend(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
+    fn isend(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
         let path = path_of(mr);
         let size = data.len();
         if path != Path::Staged {
@@ -316,7 +316,7 @@ impl Conn for Staged {
                 return Ok(r);
             }
             let Some(m) = self.take_slot() else { return Ok(None) };
-            self.slots[m as usize] = Managed::SendWaiting { data, tag, mr };
+            self.slots[m as usize] = Managed::SendWaiting { data, tag, mr: mr.copied() };
             self.queue.push_back(m);
             if self.stats_on {
                 self.stats.add(path, size);
@@ -364,12 +364,12 @@ impl Conn for Staged {
     }
 
     fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
-        if !bufs.iter().any(|b| path_of(b.mr) == Path::Staged) {
+        if !bufs.iter().any(|b| path_of(b.mr.as_ref()) == Path::Staged) {
             let r = self.inner.irecv(bufs)?;
             if let (Some(s), true) = (r, self.stats_on) {
                 let p = &mut self.recv_path[s as usize];
                 for (i, b) in bufs.iter().enumerate() {
-                    p[i] = path_of(b.mr);
+                    p[i] = path_of(b.mr.as_ref());
                 }
             }
             return Ok(r);
@@ -380,10 +380,10 @@ impl Conn for Staged {
         let mut res = Ok(());
         for (i, b) in bufs.iter().enumerate() {
             posted[i] = *b;
-            if path_of(b.mr) != Path::Staged {
+            if path_of(b.mr.as_ref()) != Path::Staged {
                 continue;
             }
-            if let Err(e) = self.ensure_copier(gpu_of(b.mr)) {
+            if let Err(e) = self.ensure_copier(gpu_of(b.mr.as_ref())) {
                 res = Err(e);
                 break;
             }
@@ -424,7 +424,7 @@ impl Conn for Staged {
         // Staged receives are complete once their host → device copy is: nothing to flush.
         let mut rest = [RecvBuf::EMPTY; MAX_RECVS];
         let mut n = 0;
-        for b in bufs.iter().filter(|b| path_of(b.mr) != Path::Staged) {
+        for b in bufs.iter().filter(|b| path_of(b.mr.as_ref()) != Path::Staged) {
             rest[n] = *b;
             n += 1;
         }

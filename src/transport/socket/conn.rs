@@ -286,11 +286,11 @@ impl SendConn {
 }
 
 impl Conn for SendConn {
-    fn isend(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
+    fn isend(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
         self.isend_partial(data, tag, mr, data.len())
     }
 
-    fn isend_partial(&mut self, data: Lent, tag: i32, _mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
+    fn isend_partial(&mut self, data: Lent, tag: i32, _mr: Option<&MrInfo>, ready: usize) -> Result<Option<u32>> {
         self.s.check()?;
         let size = data.len();
         let Some(slot) = self.free.pop() else { return Ok(None) };

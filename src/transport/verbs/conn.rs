@@ -947,7 +947,7 @@ fn event_hint(ev: &str) -> &'static str {
 /// The registration of a buffer the data path was handed, checked against the device, range and
 /// access it needs (the checks inline; the error, which says what is wrong, out of line).
 #[inline]
-pub(super) fn mr_for<'a>(mr: &'a Option<MrInfo>, ptr: usize, size: usize, dev: usize, members: usize, need: u32, what: &str) -> Result<&'a MrInfo> {
+pub(super) fn mr_for<'a>(mr: Option<&'a MrInfo>, ptr: usize, size: usize, dev: usize, members: usize, need: u32, what: &str) -> Result<&'a MrInfo> {
     match mr {
         Some(m) if m.dev == dev && m.nmembers() >= members && m.covers(ptr, size) && m.access & need == need => Ok(m),
         _ => Err(mr_error(mr, ptr, size, dev, members, need, what)),
@@ -956,7 +956,7 @@ pub(super) fn mr_for<'a>(mr: &'a Option<MrInfo>, ptr: usize, size: usize, dev: u
 
 #[cold]
 #[inline(never)]
-fn mr_error(mr: &Option<MrInfo>, ptr: usize, size: usize, dev: usize, members: usize, need: u32, what: &str) -> Error {
+fn mr_error(mr: Option<&MrInfo>, ptr: usize, size: usize, dev: usize, members: usize, need: u32, what: &str) -> Error {
     let Some(m) = mr else {
         return Error::internal(format!("{what} of {size} bytes at {ptr:#x} without a memory handle"));
     };

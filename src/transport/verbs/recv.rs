@@ -698,9 +698,9 @@ impl Conn for VerbsRecv {
         let mut keys = [CtsKeys::default(); MAX_RECVS];
         for ((s, k), b) in specs.iter_mut().zip(keys.iter_mut()).zip(&bufs[..n]) {
             let (addr, size) = (b.buf.addr(), b.buf.len());
-            let rkeys = if size > 0 { mr_for(&b.mr, addr, size, dev, ln, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkeys() } else { [0; MAX_MEMBERS] };
+            let rkeys = if size > 0 { mr_for(b.mr.as_ref(), addr, size, dev, ln, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkeys() } else { [0; MAX_MEMBERS] };
             *k = CtsKeys(rkeys);
-            *s = RecvSpec { addr: addr as u64, size: size as u64, rkey: rkeys[0], tag: b.tag, gpu: path_of(b.mr) == Path::Gdr };
+            *s = RecvSpec { addr: addr as u64, size: size as u64, rkey: rkeys[0], tag: b.tag, gpu: path_of(b.mr.as_ref()) == Path::Gdr };
         }
         if !self.can_post(&specs[..n])? {
             // The send queues are full, or a CTS now could bring more writes than receives are
@@ -750,7 +750,7 @@ impl Conn for VerbsRecv {
         }
         let Some(b) = bufs.iter().rev().find(|b| !b.buf.is_empty()) else { return Ok(None) };
         let ln = self.c.ports.len();
-        let m = mr_for(&b.mr, b.buf.addr(), b.buf.len(), members_id(self.c.ports), ln, IBV_ACCESS_REMOTE_READ, "iflush")?;
+        let m = mr_for(b.mr.as_ref(), b.buf.addr(), b.buf.len(), members_id(self.c.ports), ln, IBV_ACCESS_REMOTE_READ, "iflush")?;
         for k in 0..ln {
             if self.flush_qps[k].is_none() {
                 let q = super::Setup::flush_qp(self.c.ports[k], &self.cqs[k]).map_err(|e| self.c.die(e))?;

@@ -632,16 +632,16 @@ impl VerbsSend {
 }
 
 impl Conn for VerbsSend {
-    fn isend(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>) -> Result<Option<u32>> {
+    fn isend(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
         self.isend_partial(data, tag, mr, data.len())
     }
 
     /// A partial send goes eagerly only once all of it is ready (eager messages are small); by
     /// rendezvous, its writes are posted as far as it is ready, the rest by `set_ready`.
-    fn isend_partial(&mut self, data: Lent, tag: i32, mr: Option<MrInfo>, ready: usize) -> Result<Option<u32>> {
+    fn isend_partial(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>, ready: usize) -> Result<Option<u32>> {
         self.c.check()?;
         let size = data.len();
-        let lkeys = if size > 0 { mr_for(&mr, data.addr(), size, members_id(self.c.ports), self.c.ports.len(), 0, "isend")?.lkeys() } else { [0; MAX_MEMBERS] };
+        let lkeys = if size > 0 { mr_for(mr, data.addr(), size, members_id(self.c.ports), self.c.ports.len(), 0, "isend")?.lkeys() } else { [0; MAX_MEMBERS] };
         if !self.can_post()? {
             // The send queues are full of work requests not yet known complete: not yet.
             self.c.waits += 1;
