@@ -81,8 +81,9 @@ pub const SEND_QP_SQ: u32 = 127;
 /// writes, and signals one in 31 (half the depth).
 pub const RECV_QP_SQ: u32 = 63;
 /// Receives pre-posted on each receiver QP (topped up at an idle moment once a quarter is used,
-/// at once when half is, and before each CTS or credit write that needs more): every write with an immediate that may arrive must find
-/// one (each ring slot's, one per buffer of each receive with a CTS out).
+/// at once when half is, and before each CTS or credit write that needs more): every write with
+/// an immediate that may arrive must find one (each ring slot's, one per buffer of each receive
+/// with a CTS out).
 pub const RECV_QP_RQ: u32 = 127;
 // Every ring slot and every one of 32 ungrouped receives (grouped ones may wait: a receive whose
 // CTS could bring more writes than there are receives posted is not posted yet).
