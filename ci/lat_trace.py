@@ -24,7 +24,7 @@ prints, per plugin, the median over the rounds of each step's p50 and p90 in mic
 and the same steps' means over the slowest 2% of round trips against all of them: where the
 tail's time goes. --hog runs one busy loop per guest vCPU (nice 19, or NICE) throughout.
 """
-import argparse, os, statistics, subprocess, sys
+import argparse, math, os, statistics, subprocess, sys
 from benchlib import make_share
 from bench_comms import copy_peers, peer_dir
 
@@ -91,7 +91,9 @@ def main():
         if out.returncode != 0:
             sys.exit(f"the VM run failed (exit {out.returncode}): see target/vm/trace.log")
         for tool in ("write_lat", "send_lat"):
-            pt = [float(l.split("typical=")[1].split()[0]) for l in log.splitlines() if l.startswith(f"PERFTEST {tool} ")]
+            # perftest prints inf when its cycle counter misreads a round: left out.
+            pt = [v for l in log.splitlines() if l.startswith(f"PERFTEST {tool} ")
+                  for v in [float(l.split("typical=")[1].split()[0])] if math.isfinite(v)]
             if pt:
                 print(f"# ib_{tool} 8 B one way, typical: median {statistics.median(pt):.1f} us (rounds: {', '.join(f'{x:.1f}' for x in pt)});"
                       f" its round trip {2 * statistics.median(pt):.1f} us")

@@ -171,23 +171,22 @@ impl MrInfo {
             self.more_keys.get(m - 1).copied().unwrap_or((0, 0))
         }
     }
-    /// The local keys on every member (0 past the registration's members).
-    pub fn lkeys(&self) -> [u32; verbs::fuse::MAX_MEMBERS] {
+    /// One key of each member's pair, on every member (0 past the registration's members).
+    fn each_member(&self, pick: impl Fn((u32, u32)) -> u32) -> [u32; verbs::fuse::MAX_MEMBERS] {
         let mut k = [0; verbs::fuse::MAX_MEMBERS];
-        k[0] = self.lkey;
-        for (o, m) in k[1..].iter_mut().zip(&self.more_keys) {
-            *o = m.0;
+        k[0] = pick((self.lkey, self.rkey));
+        for (o, &m) in k[1..].iter_mut().zip(&self.more_keys) {
+            *o = pick(m);
         }
         k
     }
-    /// The remote keys on every member (0 past the registration's members).
+    /// The local keys on every member.
+    pub fn lkeys(&self) -> [u32; verbs::fuse::MAX_MEMBERS] {
+        self.each_member(|k| k.0)
+    }
+    /// The remote keys on every member.
     pub fn rkeys(&self) -> [u32; verbs::fuse::MAX_MEMBERS] {
-        let mut k = [0; verbs::fuse::MAX_MEMBERS];
-        k[0] = self.rkey;
-        for (o, m) in k[1..].iter_mut().zip(&self.more_keys) {
-            *o = m.1;
-        }
-        k
+        self.each_member(|k| k.1)
     }
     pub fn lkey_on(&self, m: usize) -> u32 {
         self.keys(m).0

@@ -305,12 +305,8 @@ impl VerbsRecv {
         if self.eng.credit_pending() {
             self.write_credit()?;
         }
-        for q in 0..self.qps.len() {
-            // In batches of a quarter of the queue or more (see `progress`).
-            if self.posted_recvs[q] <= self.rq - self.rq / 4 {
-                self.repost(q)?;
-            }
-        }
+        // In batches of a quarter of the queue or more (see `progress`).
+        self.top_up(self.rq - self.rq / 4)?;
         self.c.idle(self.eng.outstanding())?;
         if self.c.failover_due() {
             self.fail_over()?;
@@ -547,6 +543,16 @@ impl VerbsRecv {
         Ok(())
     }
 
+    /// Top up every queue pair whose posted receives are down to `at_most`.
+    fn top_up(&mut self, at_most: u32) -> Result<()> {
+        for q in 0..self.qps.len() {
+            if self.posted_recvs[q] <= at_most {
+                self.repost(q)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Top up QP `q`'s posted receives.
     fn repost(&mut self, q: usize) -> Result<()> {
         if self.gone(q) {
@@ -672,14 +678,10 @@ impl VerbsRecv {
         if self.c.failover_due() {
             self.fail_over()?;
         }
-        for q in 0..self.qps.len() {
-            // Topped up here only once half the queue is used (a stream that is never idle);
-            // usually at an idle moment (`idle`), off the path of the message just found. The
-            // exact need is checked before each CTS and credit write.
-            if self.posted_recvs[q] <= self.rq / 2 {
-                self.repost(q)?;
-            }
-        }
+        // Topped up here only once half the queue is used (a stream that is never idle);
+        // usually at an idle moment (`idle`), off the path of the message just found. The exact
+        // need is checked before each CTS and credit write.
+        self.top_up(self.rq / 2)?;
         if n > 0 {
             self.drain_ring()?;
         }
