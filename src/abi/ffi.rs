@@ -7,23 +7,33 @@ use crate::error::{Error, Kind, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Run `f`, never letting a panic cross into C. `what` names the entry point for the log line.
+/// Inline: it is on the path of every data-path call; what it does on an error is out of line.
+#[inline(always)]
 pub fn boundary(what: &str, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => NCCL_SUCCESS,
-        Ok(Err(e)) => {
-            log::warn!("NET/rivet: {what}: {e}");
-            code(&e)
-        }
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            log::warn!("NET/rivet: {what}: internal error (panic caught at the plugin boundary): {msg}");
-            NCCL_INTERNAL_ERROR
-        }
+        Ok(Err(e)) => failed(what, e),
+        Err(p) => panicked(what, p),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn failed(what: &str, e: Error) -> ncclResult_t {
+    log::warn!("NET/rivet: {what}: {e}");
+    code(&e)
+}
+
+#[cold]
+#[inline(never)]
+fn panicked(what: &str, p: Box<dyn std::any::Any + Send>) -> ncclResult_t {
+    let msg = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    log::warn!("NET/rivet: {what}: internal error (panic caught at the plugin boundary): {msg}");
+    NCCL_INTERNAL_ERROR
 }
 
 /// The `ncclResult_t` of an error's kind.

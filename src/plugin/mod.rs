@@ -36,8 +36,18 @@ static MRS: Table<Mr> = Table::new();
 fn token(p: *mut c_void, kinds: &[Kind], what: &str) -> Result<Token> {
     match Token::from_ptr(p) {
         Some(t) if kinds.contains(&t.kind) => Ok(t),
-        _ if p.is_null() => Err(Error::internal(format!("{what} is NULL"))),
-        _ => Err(Error::internal(format!("{what} {p:p} is not a rivet {what}"))),
+        _ => Err(not_token(p, what)),
+    }
+}
+
+/// What `token` says of a value that is no token of the kinds wanted.
+#[cold]
+#[inline(never)]
+fn not_token(p: *mut c_void, what: &str) -> Error {
+    if p.is_null() {
+        Error::internal(format!("{what} is NULL"))
+    } else {
+        Error::internal(format!("{what} {p:p} is not a rivet {what}"))
     }
 }
 
@@ -109,7 +119,7 @@ pub struct Comm {
     /// The memory handle this comm's last isend or irecv named and its registration: NCCL
     /// passes the same few handles again and again, and a registration never changes while its
     /// handle is live (checked by generation, without the table's lock).
-    last_mr: Option<(Token, MrInfo)>,
+    last_mr: Option<(usize, Token, MrInfo)>,
 }
 
 impl Comm {
@@ -170,10 +180,14 @@ fn kind_name(send: bool) -> &'static str {
 }
 
 /// The comm behind a send (`send`) or receive comm handle, locked for this call.
+#[inline]
 fn comm(p: *mut c_void, send: bool) -> Result<(Token, Guard<'static, Comm>)> {
-    let what = kind_name(send);
-    let t = token(p, &[if send { Kind::SendComm } else { Kind::RecvComm }], what)?;
-    Ok((t, COMMS.get(t).map_err(|e| stale(what, p, e))?))
+    let kind = if send { Kind::SendComm } else { Kind::RecvComm };
+    match Token::from_ptr(p).filter(|t| t.kind == kind).map(|t| (t, COMMS.get(t))) {
+        Some((t, Ok(g))) => Ok((t, g)),
+        Some((_, Err(e))) => Err(stale(kind_name(send), p, e)),
+        None => Err(not_token(p, kind_name(send))),
+    }
 }
 
 /// Either kind of comm (memory registration accepts both).
@@ -187,17 +201,25 @@ fn any_comm(p: *mut c_void) -> Result<Guard<'static, Comm>> {
 /// The registration behind a memory handle NCCL passes on the data path, from the comm's
 /// `last_mr` (looked up in the table when `mh` is another handle; kept while that handle is
 /// live: deregistration changes its generation).
-fn mr_info(last: &mut Option<(Token, MrInfo)>, mh: *mut c_void) -> Result<Option<&MrInfo>> {
+#[inline]
+fn mr_info(last: &mut Option<(usize, Token, MrInfo)>, mh: *mut c_void) -> Result<Option<&MrInfo>> {
     if mh.is_null() {
         return Ok(None);
     }
-    let hit = matches!(last, Some((t, _)) if t.to_ptr() == mh && MRS.live(*t));
+    let hit = matches!(last, Some((p, t, _)) if *p == mh as usize && MRS.live(*t));
     if !hit {
-        let t = token(mh, &[Kind::Mr], "memory handle")?;
-        let info = MRS.get(t).map_err(|e| stale("memory handle", mh, e))?.info;
-        *last = Some((t, info));
+        mr_lookup(last, mh)?;
     }
-    Ok(last.as_ref().map(|(_, info)| info))
+    Ok(last.as_ref().map(|(_, _, info)| info))
+}
+
+/// `mr_info` of a handle not cached: from the table, into the cache.
+#[inline(never)]
+fn mr_lookup(last: &mut Option<(usize, Token, MrInfo)>, mh: *mut c_void) -> Result<()> {
+    let t = token(mh, &[Kind::Mr], "memory handle")?;
+    let info = MRS.get(t).map_err(|e| stale("memory handle", mh, e))?.info;
+    *last = Some((mh as usize, t, info));
+    Ok(())
 }
 
 /// The registration of buffer `i` of a grouped call (`mh` may be NULL: no handles at all).

@@ -438,17 +438,39 @@ impl Conn for Staged {
         if !self.queue.is_empty() || !self.partial.is_empty() {
             self.progress_sends()?;
         }
+        // A request the transport holds (every one not staged): straight through, the rest out
+        // of line, off the path of every message that is not staged.
         let slot = slot as usize;
-        if slot < self.icap {
-            let r = self.inner.test(slot as u32, sizes)?;
-            if let (Some(n), false, true) = (r, self.send, self.stats_on) {
-                for (i, s) in sizes.iter().enumerate().take(n) {
-                    self.stats.add(self.recv_path[slot][i], *s);
-                }
-            }
-            return Ok(r);
+        if slot >= self.icap {
+            return self.test_managed(slot - self.icap, sizes);
         }
-        let m = slot - self.icap;
+        let r = self.inner.test(slot as u32, sizes)?;
+        if let (Some(n), false, true) = (r, self.send, self.stats_on) {
+            self.count_received(slot, n, sizes);
+        }
+        Ok(r)
+    }
+
+    fn capacity(&self) -> usize {
+        self.icap + MANAGED
+    }
+
+    fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
+        self.inner.net_events(size, out)
+    }
+}
+
+impl Staged {
+    #[inline(never)]
+    fn count_received(&mut self, slot: usize, n: usize, sizes: &[usize; MAX_RECVS]) {
+        for (i, s) in sizes.iter().enumerate().take(n) {
+            self.stats.add(self.recv_path[slot][i], *s);
+        }
+    }
+
+    /// `test` of a request this layer manages (`m`: its managed slot): a staged send or receive.
+    #[inline(never)]
+    fn test_managed(&mut self, m: usize, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
         if m >= MANAGED {
             return Err(Error::internal("request slot out of range"));
         }
@@ -516,14 +538,6 @@ impl Conn for Staged {
                 Ok(Some(n))
             }
         }
-    }
-
-    fn capacity(&self) -> usize {
-        self.icap + MANAGED
-    }
-
-    fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
-        self.inner.net_events(size, out)
     }
 }
 

@@ -473,35 +473,54 @@ impl Common {
     /// work requests of an already dead comm are only reaped) and has its `wr_id` cleared, so
     /// callers see only successful completions by kind; they call `check` after handling them.
     /// `cqs` are the members' CQs, in member order.
+    #[inline]
     pub(super) fn poll(&mut self, cqs: &[Cq]) -> Result<usize> {
-        let mut n = 0;
+        // One member (every connection without NIC fusion) and nothing there, the common case
+        // of an idle `test`: inline, without the work below.
         if let [cq] = cqs {
-            // One member (every connection without NIC fusion): its completions are member 0's.
-            n = match cq.poll(&mut self.wc) {
-                Ok(k) => k,
-                Err(e) => return Err(self.die(Error::system(format!("{}: {e}", self.where_on(0, 0))))),
-            };
-            if n == 0 {
-                return Ok(0);
-            }
-            self.wc_member[..n].fill(0);
-        } else {
-            // From a member that turns each call, so that a busy one does not keep the others'
-            // completions waiting.
-            self.poll_from = self.poll_from.wrapping_add(1);
-            for i in 0..cqs.len() {
-                let m = (self.poll_from as usize + i) % cqs.len();
-                let k = match cqs[m].poll(&mut self.wc[n..]) {
-                    Ok(k) => k,
-                    Err(e) => return Err(self.die(Error::system(format!("{}: {e}", self.where_on(m, 0))))),
-                };
-                self.wc_member[n..n + k].fill(m as u8);
-                n += k;
-                if n == POLL_BATCH {
-                    break;
+            return match cq.poll(&mut self.wc) {
+                Ok(0) => Ok(0),
+                Ok(n) => {
+                    self.wc_member[..n].fill(0);
+                    self.sort_polled(n)
                 }
+                Err(e) => Err(self.poll_failed(0, e)),
+            };
+        }
+        self.poll_members(cqs)
+    }
+
+    /// `poll` of a fused connection: a CQ per member.
+    #[inline(never)]
+    fn poll_members(&mut self, cqs: &[Cq]) -> Result<usize> {
+        let mut n = 0;
+        // From a member that turns each call, so that a busy one does not keep the others'
+        // completions waiting.
+        self.poll_from = self.poll_from.wrapping_add(1);
+        for i in 0..cqs.len() {
+            let m = (self.poll_from as usize + i) % cqs.len();
+            let k = match cqs[m].poll(&mut self.wc[n..]) {
+                Ok(k) => k,
+                Err(e) => return Err(self.poll_failed(m, e)),
+            };
+            self.wc_member[n..n + k].fill(m as u8);
+            n += k;
+            if n == POLL_BATCH {
+                break;
             }
         }
+        self.sort_polled(n)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&mut self, m: usize, e: Error) -> Error {
+        self.die(Error::system(format!("{}: {e}", self.where_on(m, 0))))
+    }
+
+    /// Look at `n` polled completions: markers and failures handled here (see `poll`).
+    #[inline(never)]
+    fn sort_polled(&mut self, n: usize) -> Result<usize> {
         for i in 0..n {
             let wc = self.wc[i];
             if wc.wr_id >> KIND_SHIFT == KIND_DRAIN {

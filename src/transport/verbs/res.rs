@@ -52,10 +52,16 @@ impl Cq {
         // (the `as c_int` cast can only shrink it), which is what verbs::poll_cq requires.
         let n = unsafe { verbs::poll_cq(self.raw, wc.len() as c_int, wc.as_mut_ptr()) };
         if n < 0 {
-            return Err(Error::system(format!("ibv_poll_cq failed ({n})")));
+            return Err(poll_cq_failed(n));
         }
         Ok(n as usize)
     }
+}
+
+#[cold]
+#[inline(never)]
+fn poll_cq_failed(n: c_int) -> Error {
+    Error::system(format!("ibv_poll_cq failed ({n})"))
 }
 
 impl Drop for Cq {
