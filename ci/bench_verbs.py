@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """rivet over RDMA verbs against perftest on the same Soft-RoCE link, in one VM run.
 
-    python3 ci/bench_verbs.py [--rounds 5] [--mtu 9000] [--baseline OLD.so] [--only 64K|1M|16M] [--hog [NICE]]
+    python3 ci/bench_verbs.py [--rounds 5] [--mtu 9000] [--baseline OLD.so] [--only 64K|1M|16M|lat] [--hog [NICE]]
 
 Builds the release plugin and CLI, boots the Soft-RoCE VM (ci/vm/run-vm.sh) with the veth MTU
 given (9000: rxe active_mtu 4096) and runs ROUNDS rounds of: ib_write_bw at 64 KiB, 1 MiB and
@@ -11,7 +11,10 @@ measurement right after the perftest one it is compared with. Prints the
 median of each with the ratio rivet / perftest; latency as p50, p90, p99, max and average (each
 per round of 1000 pings, then the median over the rounds; perftest reports no p90). `--hog [NICE]` runs
 one busy loop per guest vCPU at nice 19 (or NICE) throughout: the latency tail of a host whose CPUs are
-taken. Emulation is noisy: quote medians, not one run.
+taken. Emulation is noisy: quote medians, not one run. The host's load changes within a run by more
+than the differences under study, so the latency's p50 is also compared round by round (rivet's
+against the ib_write_lat run just before it): the median of those ratios is the steadier number.
+`--only lat` measures the latency alone (many short rounds: `--only lat --rounds 15`).
 `--baseline` names an earlier build of the plugin (for example one built from an older commit
 with `git worktree`): each rivet measurement is then repeated through it, interleaved in the same
 rounds, and the table gets its column and the ratio now / before.
@@ -27,7 +30,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--baseline", help="an earlier libnccl-net-rivet.so to measure in the same rounds")
-    ap.add_argument("--only", choices=["64K", "1M", "16M"], help="measure only this streaming size (no latency)")
+    ap.add_argument("--only", choices=["64K", "1M", "16M", "lat"], help="measure only this streaming size (no latency), or only the latency")
     ap.add_argument("--hog", nargs="?", type=int, const=19, metavar="NICE",
                     help="one busy loop per guest vCPU for the whole run, at this niceness (default 19)")
     a = ap.parse_args()
@@ -37,7 +40,7 @@ def main():
     if a.baseline:
         shutil.copy(a.baseline, os.path.join(share, "baseline.so"))
     args.append("/mnt/host/baseline.so" if a.baseline else "-")
-    args.append({"64K": "65536:1500:96M", "1M": "1048576:120:120M", "16M": "16777216:6:128M"}[a.only] if a.only else "-")
+    args.append({"64K": "65536:1500:96M", "1M": "1048576:120:120M", "16M": "16777216:6:128M", "lat": "lat"}[a.only] if a.only else "-")
     if a.hog is not None:
         args.append(f"hog:{a.hog}")
     out = subprocess.run([os.path.join(ROOT, "ci/vm/run-vm.sh"), "--share", share, "--mtu", str(a.mtu), "--timeout", "3600"] + args,
@@ -51,7 +54,13 @@ def main():
     pt_bw, pt = {}, {}
     rv_bw, rv = {}, {}
     base_bw, bs = {}, {}
+    # The p50 of each round, by round (a round whose perftest printed no number is left out).
+    p50_at = {"PERFTEST": {}, "RIVET": {}, "BASE": {}}
+    rnd = 0
     for line in log.splitlines():
+        m = re.match(r"ROUND (\d+)", line)
+        if m:
+            rnd = int(m[1])
         # perftest's "MB/sec" is MiB/s (it divides by 0x100000); take the average, not the peak.
         m = re.match(r"PERFTEST write_bw size=(\d+) .* MBps=([\d.]+)", line)
         if m:
@@ -60,6 +69,7 @@ def main():
         if m:
             for k, v in zip(["p50", "avg", "p99", "max"], m.groups()):
                 pt.setdefault(k, []).append(float(v))
+            p50_at["PERFTEST"][rnd] = float(m[1])
         # rivet perf rows: size, iterations, microseconds per message, GB/s; MiB/s from the time.
         for prefix, bw, lat in [("RIVET", rv_bw, rv), ("BASE", base_bw, bs)]:
             m = re.match(prefix + r"\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$", line)
@@ -72,6 +82,7 @@ def main():
                 for k, v in zip(["p50", "avg", "p90", "p99", "max"], m.groups()):
                     if v is not None:
                         lat.setdefault(k, []).append(float(v))
+                p50_at[prefix][rnd] = float(m[1])
     med = statistics.median
     info = next((l for l in log.splitlines() if l.startswith("PERFTEST info")), "")
     print(f"# Soft-RoCE rxe0 -> rxe1, veth MTU {a.mtu} ({info.split('active_mtu=')[-1].split()[0] if info else '?'} active), "
@@ -102,7 +113,16 @@ def main():
                 b = med(bs[k])
                 row += f" {b:.1f} | {r / b:.2f} |"
             print(row)
+        # Round by round: each rivet p50 against the ib_write_lat p50 measured just before it.
+        pts = p50_at["PERFTEST"]
+        for name, runs in [("rivet", p50_at["RIVET"]), ("before", p50_at["BASE"])] if base else [("rivet", p50_at["RIVET"])]:
+            ratios = [runs[k] / pts[k] for k in sorted(runs) if pts.get(k, 0) > 0]
+            if ratios:
+                each = " ".join(f"{x:.2f}" for x in ratios)
+                print(f"\n{name} p50 / ib_write_lat p50, per round: {each}; median {med(ratios):.2f}")
     measured = list(pt_bw.values()) + list(rv_bw.values()) + (list(base_bw.values()) if base else [])
+    if a.only in (None, "lat"):
+        measured += [rv.get("p50", [])] + ([bs.get("p50", [])] if base else [])
     if any(len(v) < a.rounds for v in measured):
         sys.exit("some rounds produced no number: see target/vm/bench.log")
 

@@ -5,8 +5,8 @@
 # rivet's 8-byte ping-pong. Output: PERFTEST ... lines (as /guest/perftest.sh prints them) and
 # RIVET-prefixed `rivet perf` output. With a second library (an earlier build, for a before/after
 # comparison), each rivet measurement is followed by the same one through it, prefixed BASE.
-# Usage: bench.sh ROUNDS [BASE_LIB|-] [SIZE:ITERS:BYTES|-] [hog|hog:NICE]
-#   SIZE:ITERS:BYTES: one streaming size only, no latency; hog: one busy loop per vCPU at nice 19
+# Usage: bench.sh ROUNDS [BASE_LIB|-] [SIZE:ITERS:BYTES|lat|-] [hog|hog:NICE]
+#   SIZE:ITERS:BYTES: one streaming size only, no latency; lat: the latency only; hog: one busy loop per vCPU at nice 19
 #   (hog:NICE at that niceness)
 #   for the whole run (a host whose CPUs are taken by other work: on Soft-RoCE the NIC's work runs
 #   on the same CPUs, so how a plugin polls and yields decides whether it gets to run).
@@ -47,13 +47,14 @@ rivet() {
 r=1
 while [ $r -le "$rounds" ]; do
   echo "ROUND $r"
-  for s in ${ONLY:-65536:1500:96M 1048576:120:120M 16777216:6:128M}; do
+  [ "$ONLY" = lat ] && streams= || streams=${ONLY:-65536:1500:96M 1048576:120:120M 16777216:6:128M}
+  for s in $streams; do
     size=${s%%:*} rest=${s#*:}; n=${rest%%:*} bytes=${rest#*:}
     pt_pair bw ib_write_bw rxe1 $G1 rxe0 $G0 10.0.0.2 -s $size -n $n || exit 1
     awk -v s=$size '$1 == s && NF >= 5 { printf "PERFTEST write_bw size=%s iters=%s MBps=%s peak_MBps=%s\n", $1, $2, $4, $3; exit }' /tmp/bw.cli
     rivet --sizes $size --bytes $bytes --lat-iters 10 | grep -v latency
   done
-  if [ -n "$ONLY" ]; then r=$((r + 1)); continue; fi
+  if [ -n "$ONLY" ] && [ "$ONLY" != lat ]; then r=$((r + 1)); continue; fi
   pt_pair lat ib_write_lat rxe1 $G1 rxe0 $G0 10.0.0.2 -s 8 -n 1000 || exit 1
   # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%  [usec]
   awk '$1 == 8 && NF >= 8 { printf "PERFTEST write_lat size=8 iters=%s usec_typical=%s usec_avg=%s usec_p99=%s usec_max=%s\n", $2, $5, $6, $8, $4; exit }' /tmp/lat.cli

@@ -307,60 +307,15 @@ impl Conn for Staged {
     fn isend(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
         let path = path_of(mr);
         let size = data.len();
-        if path != Path::Staged {
-            if self.queue.is_empty() {
-                let r = self.inner.isend(data, tag, mr)?;
-                if r.is_some() && self.stats_on {
-                    self.stats.add(path, size);
-                }
-                return Ok(r);
-            }
-            let Some(m) = self.take_slot() else { return Ok(None) };
-            self.slots[m as usize] = Managed::SendWaiting { data, tag, mr: mr.copied() };
-            self.queue.push_back(m);
-            if self.stats_on {
+        if path != Path::Staged && self.queue.is_empty() {
+            // Nothing staged ahead of it: straight through, the rest out of line.
+            let r = self.inner.isend(data, tag, mr)?;
+            if r.is_some() && self.stats_on {
                 self.stats.add(path, size);
             }
-            self.progress_sends()?;
-            return Ok(Some(self.managed_id(m)));
+            return Ok(r);
         }
-        self.ensure_copier(gpu_of(mr))?;
-        let Some(m) = self.take_slot() else { return Ok(None) };
-        let copier = self.copier.as_deref_mut().expect("ensured above");
-        let bounce = match self.pool.get(size, copier, &*self.registrar) {
-            Ok(b) => b,
-            Err(e) => {
-                self.free.push(m);
-                return Err(e);
-            }
-        };
-        let chunks = Chunks::split(size);
-        let r = (|| {
-            let mut lo = 0;
-            for c in 0..chunks.n {
-                let hi = chunks.ends[c];
-                if hi > lo {
-                    // SAFETY: `[lo, hi)` is inside both the bounce buffer (of at least `size`
-                    // bytes) and the lent send buffer; the send's slot keeps the bounce buffer,
-                    // and the lender the send buffer, until the send completes, after its fences.
-                    unsafe { copier.to_host(bounce.ptr.add(lo), data.addr() + lo, hi - lo)? };
-                }
-                copier.fence(m as usize * MAX_CHUNKS + c)?;
-                lo = hi;
-            }
-            Ok(())
-        })();
-        self.slots[m as usize] = Managed::SendStaged { bounce, size, tag, chunks, inner: None };
-        if let Err(e) = r {
-            self.release_slot(m);
-            return Err(e);
-        }
-        self.queue.push_back(m);
-        if self.stats_on {
-            self.stats.add(Path::Staged, size);
-        }
-        self.progress_sends()?;
-        Ok(Some(self.managed_id(m)))
+        self.isend_managed(data, tag, mr)
     }
 
     fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
@@ -461,6 +416,62 @@ impl Conn for Staged {
 }
 
 impl Staged {
+    /// `isend` of a send this layer manages: staged (GPU memory the NIC does not reach), or
+    /// waiting behind one.
+    #[inline(never)]
+    fn isend_managed(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
+        let path = path_of(mr);
+        let size = data.len();
+        if path != Path::Staged {
+            let Some(m) = self.take_slot() else { return Ok(None) };
+
+            self.slots[m as usize] = Managed::SendWaiting { data, tag, mr: mr.copied() };
+            self.queue.push_back(m);
+            if self.stats_on {
+                self.stats.add(path, size);
+            }
+            self.progress_sends()?;
+            return Ok(Some(self.managed_id(m)));
+        }
+        self.ensure_copier(gpu_of(mr))?;
+        let Some(m) = self.take_slot() else { return Ok(None) };
+        let copier = self.copier.as_deref_mut().expect("ensured above");
+        let bounce = match self.pool.get(size, copier, &*self.registrar) {
+            Ok(b) => b,
+            Err(e) => {
+                self.free.push(m);
+                return Err(e);
+            }
+        };
+        let chunks = Chunks::split(size);
+        let r = (|| {
+            let mut lo = 0;
+            for c in 0..chunks.n {
+                let hi = chunks.ends[c];
+                if hi > lo {
+                    // SAFETY: `[lo, hi)` is inside both the bounce buffer (of at least `size`
+                    // bytes) and the lent send buffer; the send's slot keeps the bounce buffer,
+                    // and the lender the send buffer, until the send completes, after its fences.
+                    unsafe { copier.to_host(bounce.ptr.add(lo), data.addr() + lo, hi - lo)? };
+                }
+                copier.fence(m as usize * MAX_CHUNKS + c)?;
+                lo = hi;
+            }
+            Ok(())
+        })();
+        self.slots[m as usize] = Managed::SendStaged { bounce, size, tag, chunks, inner: None };
+        if let Err(e) = r {
+            self.release_slot(m);
+            return Err(e);
+        }
+        self.queue.push_back(m);
+        if self.stats_on {
+            self.stats.add(Path::Staged, size);
+        }
+        self.progress_sends()?;
+        Ok(Some(self.managed_id(m)))
+    }
+
     #[inline(never)]
     fn count_received(&mut self, slot: usize, n: usize, sizes: &[usize; MAX_RECVS]) {
         for (i, s) in sizes.iter().enumerate().take(n) {

@@ -444,6 +444,13 @@ impl Common {
         }
     }
 
+    /// Whether nothing calls for a look: the comm is not dead and no failover is due (the
+    /// check of a poll that found nothing).
+    #[inline]
+    pub(super) fn quiet(&self) -> bool {
+        self.dead.is_none() && !self.failover_due()
+    }
+
     pub(super) fn check(&self) -> Result<()> {
         match &self.dead {
             Some(e) => Err(e.clone()),

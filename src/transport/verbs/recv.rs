@@ -301,6 +301,7 @@ impl VerbsRecv {
 
     /// Nothing moved: liveness, the device's events and the peer's notices, and a failover
     /// they call for.
+    #[inline]
     fn idle(&mut self) -> Result<()> {
         if self.eng.credit_pending() {
             self.write_credit()?;
@@ -308,6 +309,15 @@ impl VerbsRecv {
         // In batches of a quarter of the queue or more (see `progress`).
         self.top_up(self.rq - self.rq / 4)?;
         self.c.idle(self.eng.outstanding())?;
+        if self.c.failover_due() || self.c.qdead != 0 {
+            self.idle_failover()?;
+        }
+        Ok(())
+    }
+
+    /// `idle` of a comm with a failover due or queue pairs failed over (recovery).
+    #[inline(never)]
+    fn idle_failover(&mut self) -> Result<()> {
         if self.c.failover_due() {
             self.fail_over()?;
         }
@@ -545,7 +555,7 @@ impl VerbsRecv {
 
     /// Top up every queue pair whose posted receives are down to `at_most` (the check inline:
     /// every idle `test` makes it; the posting in `repost`).
-    #[inline]
+    #[inline(always)]
     fn top_up(&mut self, at_most: u32) -> Result<()> {
         for q in 0..self.qps.len() {
             if self.posted_recvs[q] <= at_most {
@@ -620,8 +630,20 @@ impl VerbsRecv {
         Ok(true)
     }
 
+    /// Reap completions and act on them; whether any came. Inline up to an empty poll of a
+    /// quiet comm (every idle `test`), the rest out of line.
+    #[inline]
     fn progress(&mut self) -> Result<bool> {
         let n = self.c.poll(&self.cqs)?;
+        if n == 0 && self.c.quiet() {
+            return Ok(false);
+        }
+        self.progress_polled(n)
+    }
+
+    /// `progress` of the `n` completions polled into `self.c.wc`.
+    #[inline(never)]
+    fn progress_polled(&mut self, n: usize) -> Result<bool> {
         let ln = self.c.ports.len();
         for i in 0..n {
             let wc = self.c.wc[i];
@@ -790,11 +812,20 @@ impl Conn for VerbsRecv {
 
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
         let waiting = self.eng.waiting(slot).map_err(|e| self.c.proto(e))?;
-        if waiting && !self.copies.is_empty() {
-            // Copies into GPU memory finish without a completion to wake the shell.
-            self.drain_ring()?;
+        let mut moved = false;
+        if waiting {
+            let copying = !self.copies.is_empty();
+            if copying {
+                // Copies into GPU memory finish without a completion to wake the shell.
+                self.drain_ring()?;
+            }
+            moved = self.progress()?;
+            if !moved && !copying {
+                // Nothing polled and nothing copied: the request still waits.
+                self.idle()?;
+                return Ok(None);
+            }
         }
-        let moved = waiting && self.progress()?;
         if let Some(n) = self.eng.take(slot, sizes).map_err(|e| self.c.proto(e))? {
             return Ok(Some(n));
         }
