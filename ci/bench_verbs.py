@@ -55,7 +55,7 @@ def main():
     rv_bw, rv = {}, {}
     base_bw, bs = {}, {}
     # The p50 of each round, by round (a round whose perftest printed no number is left out).
-    p50_at = {"PERFTEST": {}, "RIVET": {}, "BASE": {}}
+    p50_at = {"PERFTEST": {}, "SEND": {}, "RIVET": {}, "BASE": {}}
     rnd = 0
     for line in log.splitlines():
         m = re.match(r"ROUND (\d+)", line)
@@ -70,6 +70,9 @@ def main():
             for k, v in zip(["p50", "avg", "p99", "max"], m.groups()):
                 pt.setdefault(k, []).append(float(v))
             p50_at["PERFTEST"][rnd] = float(m[1])
+        m = re.match(r"PERFTEST send_lat size=8 .*usec_typical=([\d.]+)", line)
+        if m:
+            p50_at["SEND"][rnd] = float(m[1])
         # rivet perf rows: size, iterations, microseconds per message, GB/s; MiB/s from the time.
         for prefix, bw, lat in [("RIVET", rv_bw, rv), ("BASE", base_bw, bs)]:
             m = re.match(prefix + r"\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$", line)
@@ -113,13 +116,18 @@ def main():
                 b = med(bs[k])
                 row += f" {b:.1f} | {r / b:.2f} |"
             print(row)
-        # Round by round: each rivet p50 against the ib_write_lat p50 measured just before it.
-        pts = p50_at["PERFTEST"]
-        for name, runs in [("rivet", p50_at["RIVET"]), ("before", p50_at["BASE"])] if base else [("rivet", p50_at["RIVET"])]:
-            ratios = [runs[k] / pts[k] for k in sorted(runs) if pts.get(k, 0) > 0]
-            if ratios:
-                each = " ".join(f"{x:.2f}" for x in ratios)
-                print(f"\n{name} p50 / ib_write_lat p50, per round: {each}; median {med(ratios):.2f}")
+        if p50_at["SEND"]:
+            # ib_send_lat's receiver learns of each message from a completion, as rivet's does.
+            sl, r50 = med(p50_at["SEND"].values()), med(rv["p50"])
+            print(f"| p50 against ib_send_lat | {sl:.1f} | {r50:.1f} | {r50 / sl:.2f} |" + (" | |" if base else ""))
+        # Round by round: each rivet p50 against the perftest p50s of its own round.
+        for ref, ref_name in [("PERFTEST", "ib_write_lat"), ("SEND", "ib_send_lat")]:
+            pts = p50_at[ref]
+            for name, runs in [("rivet", p50_at["RIVET"]), ("before", p50_at["BASE"])] if base else [("rivet", p50_at["RIVET"])]:
+                ratios = [runs[k] / pts[k] for k in sorted(runs) if pts.get(k, 0) > 0]
+                if ratios:
+                    each = " ".join(f"{x:.2f}" for x in ratios)
+                    print(f"\n{name} p50 / {ref_name} p50, per round: {each}; median {med(ratios):.2f}")
     measured = list(pt_bw.values()) + list(rv_bw.values()) + (list(base_bw.values()) if base else [])
     if a.only in (None, "lat"):
         measured += [rv.get("p50", [])] + ([bs.get("p50", [])] if base else [])
