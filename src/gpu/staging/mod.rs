@@ -424,7 +424,6 @@ impl Staged {
         let size = data.len();
         if path != Path::Staged {
             let Some(m) = self.take_slot() else { return Ok(None) };
-
             self.slots[m as usize] = Managed::SendWaiting { data, tag, mr: mr.copied() };
             self.queue.push_back(m);
             if self.stats_on {
