@@ -13,7 +13,9 @@ per round of 1000 pings, then the median over the rounds; perftest reports no p9
 one busy loop per guest vCPU at nice 19 (or NICE) throughout: the latency tail of a host whose CPUs are
 taken. Emulation is noisy: quote medians, not one run. The host's load changes within a run by more
 than the differences under study, so the latency's p50 is also compared round by round (rivet's
-against the ib_write_lat run just before it): the median of those ratios is the steadier number.
+against the ib_write_lat run just before it and the ib_send_lat run just after it, whose receiver
+learns of a message from a completion as rivet's does): the median of those ratios is the
+steadier number.
 `--only lat` measures the latency alone (many short rounds: `--only lat --rounds 15`).
 `--baseline` names an earlier build of the plugin (for example one built from an older commit
 with `git worktree`): each rivet measurement is then repeated through it, interleaved in the same
