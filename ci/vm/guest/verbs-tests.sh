@@ -243,7 +243,9 @@ step fused-soak env NCCL_IB_ADAPTIVE_ROUTING=1 ./rivet soak --lib $LIB --dev 0+2
 # its cause, and every comm must say it failed over. The soak's 10-second lines give the
 # bandwidth before and after. Then the wire comes back (a comm does not take a failed member
 # back; new comms use it again). Soft-RoCE retries for ever at NCCL_IB_RETRY_CNT=7 (it reads 7
-# as "infinite"), so 3 retries of 268 ms here.
+# as "infinite"), so 3 retries of 1.07 s here
+# (NCCL_IB_TIMEOUT=18: 268 ms at 16 was short enough for a stall of the VM on a loaded CI host
+# to exhaust them once before the wire went down).
 # conns PATTERN FILE: how many distinct connections (the "(peer ADDR)" their lines name) logged
 # PATTERN. Counted per connection, not per line: on a slow host a member can also fail on its
 # own (its writes exhausting NCCL_IB_RETRY_CNT's few retries during a stall of the VM), and the
@@ -252,7 +254,7 @@ step fused-soak env NCCL_IB_ADAPTIVE_ROUTING=1 ./rivet soak --lib $LIB --dev 0+2
 conns() { grep -E "$1" "$2" | grep -oE '[(]peer [^)]*[)]' | sort -u | wc -l; }
 failover() {  # failover down|loss [ENV...]
   _how=$1; shift
-  env RIVET_TIMEOUT=30 NCCL_DEBUG=INFO NCCL_IB_TIMEOUT=16 NCCL_IB_RETRY_CNT=3 "$@" \
+  env RIVET_TIMEOUT=30 NCCL_DEBUG=INFO NCCL_IB_TIMEOUT=18 NCCL_IB_RETRY_CNT=3 "$@" \
     ./rivet soak --lib $LIB --dev 0+2,1+3 --minutes 1 --max-size 4M --buffers host > /tmp/fo.log 2>&1 &
   _p=$!
   sleep 20
@@ -284,7 +286,7 @@ step fused-failover-loss failover loss
 # each bulk sender must have sent more on rxe2/rxe3 by the end than when it took it back
 # (RIVET_STATS' bytes per member at close against the take-back line's).
 recovery() {
-  env RIVET_TIMEOUT=30 NCCL_DEBUG=INFO RIVET_STATS=1 NCCL_IB_RESILIENCY_PORT_RECOVERY=1 NCCL_IB_TIMEOUT=16 NCCL_IB_RETRY_CNT=3 \
+  env RIVET_TIMEOUT=30 NCCL_DEBUG=INFO RIVET_STATS=1 NCCL_IB_RESILIENCY_PORT_RECOVERY=1 NCCL_IB_TIMEOUT=18 NCCL_IB_RETRY_CNT=3 \
     ./rivet soak --lib $LIB --dev 0+2,1+3 --minutes 1 --max-size 4M --buffers host > /tmp/rc.log 2>&1 &
   _p=$!
   sleep 15
