@@ -2,7 +2,7 @@
 """What each connection costs, for rivet and the peer plugins, in one run on the same link.
 
     python3 ci/bench_comms.py [--rounds 3] [--comms 1,16,256,1024] [--bytes 256M] [--lat-iters 1000]
-                              [--peers DIR] [--hog [NICE]] [--tcp]
+                              [--peers DIR] [--hog [NICE]] [--warm] [--tcp]
 
 Runs `rivet perf --comms LIST --sizes 1M` (two processes, N send/receive comm pairs between
 them, each N in fresh processes; see README.md) through rivet and through the peer plugins that
@@ -16,7 +16,9 @@ how to build it), run as nccl-ib-32. Over verbs (the default) the runs happen in
 in from this host. With --tcp they happen here on loopback: rivet's TCP transport and
 aws-ofi-nccl over libfabric's tcp provider (NCCL's IB transport needs an RDMA device).
 Prints, per plugin and N, the median over the rounds of every column; `--hog` adds one busy loop
-per guest vCPU (the tail under contention). All rows: target/vm/comms.log (or target/comms-tcp.log).
+per guest vCPU (the tail under contention); `--warm` passes `rivet perf --warm` (each process
+connects one pair, untimed, before the timed ones: the setup column without what a process pays
+at its first connection). All rows: target/vm/comms.log (or target/comms-tcp.log).
 """
 import argparse, os, re, shutil, statistics, subprocess, sys
 from benchlib import make_share
@@ -78,6 +80,7 @@ def main():
     ap.add_argument("--lat-iters", type=int, default=1000)
     ap.add_argument("--peers", help="directory with the built peer plugins (../shared/peers/build.sh's out/)")
     ap.add_argument("--hog", nargs="?", type=int, const=19, metavar="NICE")
+    ap.add_argument("--warm", action="store_true", help="rivet perf --warm: an untimed first pair in each process")
     ap.add_argument("--tcp", action="store_true", help="loopback TCP on this host instead of verbs in the VM")
     ap.add_argument("--mem", default="4G", help="guest memory")
     a = ap.parse_args()
@@ -96,6 +99,7 @@ def main():
     where = "loopback TCP on this host" if a.tcp else "Soft-RoCE rxe0 <-> rxe1 (MTU 9000)"
     print(f"# rivet perf --comms {a.comms} --sizes 1M --bytes {a.bytes} --lat-iters {a.lat_iters}, {where}, "
           f"median of {a.rounds} rounds" + (f", one busy loop per vCPU at nice {a.hog}" if a.hog is not None else "")
+          + (", after an untimed first pair (--warm)" if a.warm else "")
           + f" (all rows: {os.path.relpath(path, ROOT)})")
     for p, h in headers.items():
         print(f"# {p}: {h}")
@@ -123,6 +127,8 @@ def vm_rounds(a, peers):
     args = ["/mnt/host/comms.sh", str(a.rounds), a.comms, a.bytes, str(a.lat_iters)]
     if a.hog is not None:
         args.append(f"hog:{a.hog}")
+    if a.warm:
+        args.append("warm")
     out = subprocess.run([os.path.join(ROOT, "ci/vm/run-vm.sh"), "--share", share, "--mtu", "9000", "--mem", a.mem,
                           "--timeout", "7200"] + args, cwd=ROOT, capture_output=True, text=True)
     log = out.stdout + out.stderr
@@ -135,7 +141,7 @@ def vm_rounds(a, peers):
 
 def tcp_rounds(a, peers):
     rivet = os.path.join(ROOT, "target/release/rivet")
-    base = ["perf", "--comms", a.comms, "--sizes", "1M", "--bytes", a.bytes, "--lat-iters", str(a.lat_iters)]
+    base = ["perf", "--comms", a.comms, "--sizes", "1M", "--bytes", a.bytes, "--lat-iters", str(a.lat_iters)] + (["--warm"] if a.warm else [])
     runs = [("rivet", ["--lib", os.path.join(ROOT, "target/release/libnccl_net_rivet.so")], {"NCCL_SOCKET_IFNAME": "lo"})]
     if peers and os.path.exists(os.path.join(peers, "libnccl-net-ofi.so")):
         runs.append(("ofi", ["--lib", os.path.join(peers, "libnccl-net-ofi.so")],

@@ -293,3 +293,33 @@ fn perf_comms_prints_what_each_connection_costs() {
         assert!(p50 > 0.0 && gbs > 0.0, "{out}");
     }
 }
+
+/// `perf --comms --warm` connects and closes one pair before the timed ones: the header says so,
+/// every N still gets its row, and the per-pair fds are those of the N pairs alone (the first
+/// pair's sockets were closed again); without --comms the option is refused.
+#[test]
+fn perf_comms_warm_connects_an_untimed_first_pair_and_closes_it() {
+    let o = Command::new(env!("CARGO_BIN_EXE_rivet"))
+        .args(["perf", "--comms", "1,2", "--warm", "--bytes", "4M", "--lat-iters", "50"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_IB_DISABLE", "1")
+        .env("RIVET_SOCKET_NSTREAMS", "3")
+        .env_remove("NCCL_DEBUG")
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(out.contains("after an untimed first pair (--warm)"), "{out}");
+    let rows: Vec<Vec<&str>> = out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.iter().map(|r| r[0]).collect::<Vec<_>>(), ["1", "2"], "{out}");
+    for r in &rows {
+        assert_eq!(r.len(), 16, "{out}");
+        assert_eq!(r[9], "6.0", "fds per pair, the first pair's closed: {out}");
+        let setup: f64 = r[1].parse().unwrap();
+        assert!(setup > 0.0, "{out}");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_rivet")).args(["perf", "--warm"]).output().unwrap();
+    let (out, err) = text(&o);
+    assert_ne!(o.status.code(), Some(0), "{out}{err}");
+    assert!(err.contains("--comms"), "{err}");
+}

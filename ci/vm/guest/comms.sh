@@ -7,17 +7,21 @@
 # verbs provider), with the settings ../shared/peers/README.md gives for Soft-RoCE. Rank 0 is on
 # rxe0, rank 1 on rxe1. The plugins take turns going first. Output: each plugin's lines prefixed
 # with its name (rivet, nccl-ib, nccl-ib-32, ofi), and ROUND lines.
-# Usage: comms.sh ROUNDS LIST BYTES LAT_ITERS [hog|hog:NICE]
+# Usage: comms.sh ROUNDS LIST BYTES LAT_ITERS [hog|hog:NICE] [warm]
 #   hog: one busy loop per vCPU at nice 19 (hog:NICE at that niceness) for the whole run
+#   warm: `rivet perf --warm` (an untimed first pair before the timed ones)
 . /guest/lib.sh
 cd /mnt/host || exit 2
 rounds=${1:-3} list=${2:-1,16,256,1024} bytes=${3:-256M} lat=${4:-1000}
 G=${RXE0_GID_INDEX:-1}
-case "${5:-}" in
-  hog) NICE=19 ;;
-  hog:*) NICE=${5#hog:} ;;
-  *) NICE= ;;
-esac
+NICE= WARM=
+for w in "${5:-}" "${6:-}"; do
+  case $w in
+    hog) NICE=19 ;;
+    hog:*) NICE=${w#hog:} ;;
+    warm) WARM=--warm ;;
+  esac
+done
 plugins=rivet
 [ -f peers/libnccl-net-rdma-sharp.so ] && plugins="$plugins nccl-ib"
 [ -f peers/libnccl-net-rdma-sharp-32.so ] && plugins="$plugins nccl-ib-32"
@@ -28,7 +32,7 @@ if [ -f peers/libnccl-net-ofi.so ]; then
   $IP link add nid0 type veth peer name nid1 && $IP addr add 10.9.0.1/24 dev nid0 &&
     $IP addr add 10.9.0.2/24 dev nid1 && $IP link set nid0 up && $IP link set nid1 up || exit 1
 fi
-echo "COMMS info plugins=$plugins list=$list bytes=$bytes lat_iters=$lat gid=$G"
+echo "COMMS info plugins=$plugins list=$list bytes=$bytes lat_iters=$lat gid=$G${WARM:+ warm}"
 if [ -n "$NICE" ]; then
   start_hogs "$NICE"
   echo "COMMS info cpu_hog=$(nproc) nice=$NICE"
@@ -46,7 +50,7 @@ one() {
            FI_PROVIDER=ofi_rxm,verbs FI_VERBS_IFACE=veth0 OFI_NCCL_PROTOCOL=SENDRECV FI_UNIVERSE_SIZE=16 \
            /mnt/host/rivet perf --lib /mnt/host/peers/libnccl-net-ofi.so ;;
   esac
-  "$@" --dev 0,1 --comms "$list" --sizes 1M --bytes "$bytes" --lat-iters "$lat" 2>&1 | sed "s/^/$name /"
+  "$@" --dev 0,1 --comms "$list" $WARM --sizes 1M --bytes "$bytes" --lat-iters "$lat" 2>&1 | sed "s/^/$name /"
 }
 r=1
 while [ $r -le "$rounds" ]; do

@@ -150,12 +150,23 @@ impl Ring {
     /// sends the launcher its line for nccl-tests' `# Using devices` list, which the launcher
     /// prints in rank order once every rank has joined.
     pub fn join(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[Vec<i32>], describe: bool) -> Res<Ring> {
-        Self::join_with(Net::load(lib)?, rank, nranks, devs, describe, 1)
+        Self::join_with(Net::load(lib)?, rank, nranks, devs, describe, 1, false)
     }
 
     /// As [`Ring::join`], with the plugin already loaded (and initialized), and `comms` pairs of
     /// comms (each its own listen, connect and accept, as NCCL makes one per peer and channel).
-    pub fn join_with(net: Net, rank: usize, nranks: usize, devs: &[Vec<i32>], describe: bool, comms: usize) -> Res<Ring> {
+    /// `warm`: one more pair is connected first, untimed, and closed again (the process's first
+    /// connection, with what the plugin pays once per process), then the `comms` pairs are
+    /// connected and timed.
+    pub fn join_with(
+        net: Net,
+        rank: usize,
+        nranks: usize,
+        devs: &[Vec<i32>],
+        describe: bool,
+        comms: usize,
+        warm: bool,
+    ) -> Res<Ring> {
         let ndev = net.ndev()?;
         let spec = devs.get(rank % devs.len().max(1)).cloned().unwrap_or_else(|| vec![0]);
         if let Some(&d) = spec.iter().find(|&&d| d >= ndev) {
@@ -163,10 +174,11 @@ impl Ring {
         }
         // Several: a virtual NIC of them, made as NCCL makes one (once, before any comm).
         let dev = if let [d] = spec[..] { d } else { net.make_vdevice(&spec).map_err(|e| format!("fusing devices {spec:?}: {e}"))? };
-        let mut handles = Vec::with_capacity(comms);
-        let mut lcs = Vec::with_capacity(comms);
+        let first = usize::from(warm);
+        let mut handles = Vec::with_capacity(comms + first);
+        let mut lcs = Vec::with_capacity(comms + first);
         let close_listens = |net: &Net, lcs: &[*mut std::ffi::c_void]| lcs.iter().for_each(|&lc| net.close_listen(lc));
-        for _ in 0..comms.max(1) {
+        for _ in 0..comms.max(1) + first {
             match net.listen(dev) {
                 Ok((h, lc)) => {
                     handles.push(h);
@@ -224,8 +236,21 @@ impl Ring {
                 return Err(e);
             }
         };
+        if warm {
+            // The warm-up pair: connected alone, untimed, and closed.
+            match net.connect_accept(dev, &mut peers[..1], &lcs[..1]) {
+                Ok(pairs) => pairs.into_iter().for_each(|(sc, rc)| {
+                    net.close_send(sc);
+                    net.close_recv(rc);
+                }),
+                Err(e) => {
+                    close_listens(&net, &lcs);
+                    return Err(format!("the untimed first connection (--warm): {e}"));
+                }
+            }
+        }
         let t0 = Instant::now();
-        let pairs = net.connect_accept(dev, &mut peers, &lcs);
+        let pairs = net.connect_accept(dev, &mut peers[first..], &lcs[first..]);
         let setup = t0.elapsed();
         close_listens(&net, &lcs);
         let pairs = pairs?;

@@ -34,6 +34,12 @@ pub struct Opts {
     /// What connections cost: open N send/receive comm pairs between the two processes (each its own listen, connect and accept, as NCCL makes one per peer) and print a row of setup time, memory, pinned bytes, queue pairs, CQ entries, fds and threads per pair, then latency and bandwidth with traffic round-robin over all N; a list (1,16,256,1024) runs each N in fresh processes
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub comms: Vec<u32>,
+    /// With --comms: first connect one pair alone, untimed, and close it, so that the setup time
+    /// is what connections take once the process has made its first (whose one-time costs, such
+    /// as the plugin's first run through its setup code, are then left out); the usage columns
+    /// are counted as without it, from before the first listen
+    #[arg(long, requires = "comms")]
+    pub warm: bool,
     #[command(flatten)]
     pub common: Common,
 }
@@ -134,7 +140,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let maps_before = if smaps { crate::usage::rss_by_mapping() } else { Default::default() };
     // The ring (and its comms) is made after the buffers, so it is dropped before them: on an
     // error return no comm with requests in flight outlives the memory they name.
-    let r = Ring::join_with(net, rank, nranks, &devs, false, n)?;
+    let r = Ring::join_with(net, rank, nranks, &devs, false, n, costs && o.warm)?;
     let idle = if costs { Usage::now() } else { Usage::default() };
     if smaps {
         // Where the connected pairs' RSS is, by mapping, largest first.
@@ -176,7 +182,8 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     if !costs {
         r.out(&format!("# rivet perf: {what}"));
     } else if std::env::var_os(HEADER_ENV).is_some() {
-        r.out(&format!("# rivet perf --comms: {what}, fd limit {fd_limit}"));
+        let warm = if o.warm { ", after an untimed first pair (--warm)" } else { "" };
+        r.out(&format!("# rivet perf --comms: {what}, fd limit {fd_limit}{warm}"));
         r.out("# per pair: what one send comm and one receive comm cost in a process (rank 0's), connected and idle, before any buffer is registered;");
         r.out("# after: the same once traffic has run and the buffers are deregistered. Latency and bandwidth: traffic round-robin over all the pairs.");
         let bw: String = sizes.iter().map(|&s| format!(" {:>9}", format!("GB/s@{}", label(s)))).collect();

@@ -182,7 +182,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     // Declared before the ring (and its comms), so dropped after it: on an error return no comm
     // with requests in flight outlives the memory they name.
     let (mut sarena, mut rarena): (Arena, Arena);
-    let mut r = Ring::join_with(net, rank, nranks, &devs, false, 1)?;
+    let mut r = Ring::join_with(net, rank, nranks, &devs, false, 1, false)?;
     let secs = std::env::var("RIVET_SOAK_SECS").ok().and_then(|s| s.parse::<f64>().ok()).ok_or("soak: the launcher did not say how long")?;
     let seed = std::env::var("RIVET_SOAK_SEED").ok().and_then(|s| s.parse::<u64>().ok()).ok_or("soak: no seed")?;
     let phase = std::env::var("RIVET_SOAK_PHASE").unwrap_or_default();
