@@ -234,6 +234,12 @@ fused_perf() {
 step fused-perf fused_perf
 # A checksummed stream through the fused pair, adaptive routing forced on: every byte checked.
 step fused-soak env NCCL_IB_ADAPTIVE_ROUTING=1 ./rivet soak --lib $LIB --dev 0+2,1+3 --minutes 1 --max-size 4M
+# conns PATTERN FILE: how many distinct connections (the "(peer ADDR)" their lines name) logged
+# PATTERN. Counted per connection, not per line: on a slow host a member can also fail on its
+# own (its writes exhausting NCCL_IB_RETRY_CNT's few retries during a stall of the VM), and the
+# comm fails over, takes it back (recovery) and fails over again when the wire goes down: more
+# lines, the same connections, every byte still checked.
+conns() { grep -E "$1" "$2" | grep -oE '[(]peer [^)]*[)]' | sort -u | wc -l; }
 # Failover: the same checksummed stream over the fused pair (host buffers, both directions), and
 # one member's wire (veth2: rxe2 <-> rxe3) failing 20 s in. "down": the link goes down (each side
 # sees its port's PORT_ERR); "loss": every packet leaving veth2 is dropped (tc netem), the ports
@@ -243,15 +249,8 @@ step fused-soak env NCCL_IB_ADAPTIVE_ROUTING=1 ./rivet soak --lib $LIB --dev 0+2
 # its cause, and every comm must say it failed over. The soak's 10-second lines give the
 # bandwidth before and after. Then the wire comes back (a comm does not take a failed member
 # back; new comms use it again). Soft-RoCE retries for ever at NCCL_IB_RETRY_CNT=7 (it reads 7
-# as "infinite"), so 3 retries of 1.07 s here
-# (NCCL_IB_TIMEOUT=18: 268 ms at 16 was short enough for a stall of the VM on a loaded CI host
-# to exhaust them once before the wire went down).
-# conns PATTERN FILE: how many distinct connections (the "(peer ADDR)" their lines name) logged
-# PATTERN. Counted per connection, not per line: on a slow host a member can also fail on its
-# own (its writes exhausting NCCL_IB_RETRY_CNT's few retries during a stall of the VM), and the
-# comm fails over, takes it back (recovery) and fails over again when the wire goes down: more
-# lines, the same connections, every byte still checked.
-conns() { grep -E "$1" "$2" | grep -oE '[(]peer [^)]*[)]' | sort -u | wc -l; }
+# as "infinite"), so 3 retries of 1.07 s here (NCCL_IB_TIMEOUT=18: 268 ms at 16 was short enough
+# for a stall of the VM on a loaded CI host to exhaust them once before the wire went down).
 failover() {  # failover down|loss [ENV...]
   _how=$1; shift
   env RIVET_TIMEOUT=30 NCCL_DEBUG=INFO NCCL_IB_TIMEOUT=18 NCCL_IB_RETRY_CNT=3 "$@" \
