@@ -266,13 +266,13 @@ fn soak_checks_every_byte() {
     assert!(out.contains(" 1 wrong bytes") && out.trim_end().ends_with("# rivet soak: FAIL"), "{out}");
 }
 
-/// `perf --comms` prints one row per N (each from fresh processes) with what a connection costs:
-/// over TCP each pair holds one socket per stream in each of its two comms, no thread, and no
-/// RDMA resources; and it moves data over all the pairs.
-#[test]
-fn perf_comms_prints_what_each_connection_costs() {
+/// `rivet perf ARGS --bytes 4M --lat-iters 50` over TCP on loopback, 3 streams per comm: its
+/// stdout, once it has exited 0.
+fn perf_comms(args: &[&str]) -> String {
     let o = Command::new(env!("CARGO_BIN_EXE_rivet"))
-        .args(["perf", "--comms", "1,3", "--bytes", "4M", "--lat-iters", "50"])
+        .arg("perf")
+        .args(args)
+        .args(["--bytes", "4M", "--lat-iters", "50"])
         .env("NCCL_SOCKET_IFNAME", "lo")
         .env("NCCL_IB_DISABLE", "1")
         .env("RIVET_SOCKET_NSTREAMS", "3")
@@ -281,8 +281,22 @@ fn perf_comms_prints_what_each_connection_costs() {
         .unwrap();
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    out
+}
+
+/// The rows of a printed table (the lines not starting with `#`), split into their cells.
+fn table_rows(out: &str) -> Vec<Vec<&str>> {
+    out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect()
+}
+
+/// `perf --comms` prints one row per N (each from fresh processes) with what a connection costs:
+/// over TCP each pair holds one socket per stream in each of its two comms, no thread, and no
+/// RDMA resources; and it moves data over all the pairs.
+#[test]
+fn perf_comms_prints_what_each_connection_costs() {
+    let out = perf_comms(&["--comms", "1,3"]);
     assert!(out.contains("# rivet perf --comms:") && out.contains("GB/s@1M"), "{out}");
-    let rows: Vec<Vec<&str>> = out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect();
+    let rows = table_rows(&out);
     assert_eq!(rows.iter().map(|r| r[0]).collect::<Vec<_>>(), ["1", "3"], "{out}");
     for r in &rows {
         assert_eq!(r.len(), 16, "{out}");
@@ -299,18 +313,9 @@ fn perf_comms_prints_what_each_connection_costs() {
 /// pair's sockets were closed again); without --comms the option is refused.
 #[test]
 fn perf_comms_warm_connects_an_untimed_first_pair_and_closes_it() {
-    let o = Command::new(env!("CARGO_BIN_EXE_rivet"))
-        .args(["perf", "--comms", "1,2", "--warm", "--bytes", "4M", "--lat-iters", "50"])
-        .env("NCCL_SOCKET_IFNAME", "lo")
-        .env("NCCL_IB_DISABLE", "1")
-        .env("RIVET_SOCKET_NSTREAMS", "3")
-        .env_remove("NCCL_DEBUG")
-        .output()
-        .unwrap();
-    let (out, err) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    let out = perf_comms(&["--comms", "1,2", "--warm"]);
     assert!(out.contains("after an untimed first pair (--warm)"), "{out}");
-    let rows: Vec<Vec<&str>> = out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect();
+    let rows = table_rows(&out);
     assert_eq!(rows.iter().map(|r| r[0]).collect::<Vec<_>>(), ["1", "2"], "{out}");
     for r in &rows {
         assert_eq!(r.len(), 16, "{out}");
