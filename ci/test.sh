@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every test of the project: unit tests, the C conformance driver for each exported ncclNet
-# version, the C header layout check, the fault tests (all over TCP on this host), the README's
+# Every test of the project: clippy with warnings as errors, unit tests, the C conformance
+# driver for each exported ncclNet version, the C header layout check, the fault tests (all over TCP on this host), the README's
 # first command in a clean copy of the tree (ci/readme-first.sh), the release tarballs for x86_64
 # and aarch64 with their glibc and conformance checks (ci/dist.sh --check), then the same
 # driver and faults over real RDMA verbs traffic in the Soft-RoCE VM (ci/vm-test.sh; set
@@ -8,6 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --all-targets
+# Lints: every warning is an error, and every unsafe block says why it is sound.
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+cargo clippy --release --all-targets -- -D warnings -D clippy::undocumented_unsafe_blocks
 cargo test --release --no-fail-fast
 # The verbs protocol's two engines against each other in the simulator: 100,000 seeded schedules.
 RIVET_SIM_SCHEDULES=100000 cargo test --release --test sim random_schedules

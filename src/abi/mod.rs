@@ -9,6 +9,7 @@
 pub mod common;
 pub mod ffi;
 pub mod logger;
+pub mod profile;
 pub mod types;
 pub mod v10;
 pub mod v11;

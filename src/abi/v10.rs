@@ -8,7 +8,7 @@ use std::ffi::c_void;
 
 unsafe extern "C" fn init(logger: ncclDebugLogger_t, prof: ncclProfilerCallback_t) -> ncclResult_t {
     boundary("init", || {
-        crate::plugin::profile::set_callback(prof);
+        super::profile::set_callback(prof);
         start(logger, 10)
     })
 }

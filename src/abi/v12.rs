@@ -18,7 +18,7 @@ unsafe extern "C" fn init(
     boundary("init", || {
         nonnull(ctx, "ctx")?;
         start(logger, 12)?;
-        crate::plugin::profile::set_callback(prof);
+        super::profile::set_callback(prof);
         // SAFETY: a non-NULL config is NCCL's ncclNetCommConfig_t for this communicator.
         let tc = unsafe { traffic_class(config) };
         let c = plugin::ctx_new(comm_id, tc)?;

@@ -4,8 +4,7 @@
 use crate::error::{Error, Result};
 use crate::gpu::cuda;
 use crate::log::INIT;
-use crate::transport::verbs::{fuse, VerbsDevice};
-use crate::transport::{self, Devices, PtrSupport, Transport, MAX_RECVS};
+use crate::transport::{self, Devices, MemberInfo, PtrSupport, Transport, MAX_MEMBERS, MAX_RECVS};
 use std::ffi::{c_char, c_void};
 use std::sync::{Mutex, OnceLock};
 
@@ -28,7 +27,7 @@ pub struct Props {
     pub max_comms: i32,
     pub max_recvs: i32,
     /// The physical devices a virtual (fused) device is made of; a physical one: itself.
-    pub vdevs: [i32; fuse::MAX_MEMBERS],
+    pub vdevs: [i32; MAX_MEMBERS],
     pub nvdevs: usize,
     /// ncclNet v12's railId / planeId (-1: undefined).
     pub rail: i16,
@@ -112,35 +111,21 @@ pub(super) fn device(dev: i32) -> Result<&'static dyn Transport> {
 /// members again give the device made before.
 pub fn make_vdevice(devs: &[i32]) -> Result<i32> {
     let t = devices_table()?;
-    let phys: Vec<fuse::MemberInfo> = t
-        .list
-        .iter()
-        .map(|d| match d.as_any().downcast_ref::<VerbsDevice>() {
-            Some(v) => v.member_info(),
-            None => fuse::MemberInfo {
-                name: d.info().name.to_string_lossy().into_owned(),
-                rdma: false,
-                link_layer: 0,
-                speed: d.info().speed,
-                rail: -1,
-                plane_idx: 0,
-                plane: -1,
-            },
-        })
-        .collect();
+    let phys: Vec<MemberInfo> = t.list.iter().map(|d| d.member_info()).collect();
     let mut v = vdevs();
     if let Some(i) = v.iter().position(|x| x.members == devs) {
         return Ok((t.list.len() + i) as i32);
     }
-    fuse::check(devs, &phys, crate::config::get().ib_merge_nics, v.len()).map_err(Error::usage)?;
+    transport::check_fusion(devs, &phys, crate::config::get().ib_merge_nics, v.len()).map_err(Error::usage)?;
     // One member: a virtual device that is the physical one under a new index (some NCCL
     // releases make a virtual device of every group, single ones too, and then use only the
     // virtual indices).
     let f: &'static dyn Transport = if let [d] = devs {
         &*t.list[*d as usize]
     } else {
-        let members: Vec<&VerbsDevice> = devs.iter().filter_map(|&d| t.list[d as usize].as_any().downcast_ref::<VerbsDevice>()).collect();
-        Box::leak(Box::new(VerbsDevice::fused(&members)))
+        let rest: Vec<&'static dyn Transport> = devs[1..].iter().map(|&d| &*t.list[d as usize]).collect();
+        let first: &'static dyn Transport = &*t.list[devs[0] as usize];
+        first.fuse(&rest)?
     };
     let index = (t.list.len() + v.len()) as i32;
     log::info!(
@@ -158,7 +143,7 @@ pub fn make_vdevice(devs: &[i32]) -> Result<i32> {
 pub fn properties(dev: i32) -> Result<Props> {
     let d = device(dev)?;
     let info = d.info();
-    let mut vdevs = [0i32; fuse::MAX_MEMBERS];
+    let mut vdevs = [0i32; MAX_MEMBERS];
     let nphys = devices_table()?.list.len() as i32;
     let nvdevs = if dev < nphys {
         vdevs[0] = dev;

@@ -124,7 +124,7 @@ pub struct Comm {
 
 impl Comm {
     /// Start the profiler events of request `slot` (one per buffer: its size and NCCL's handle).
-    fn profile_start(&mut self, slot: Option<u32>, bufs: impl Iterator<Item = (usize, *mut c_void)>) {
+    fn profile_start(&mut self, slot: Option<u32>, bufs: impl Iterator<Item = (usize, profile::Phandle)>) {
         let Some(slot) = slot else { return };
         self.posted += 1;
         if !profile::enabled() {
@@ -251,7 +251,7 @@ pub unsafe fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, m
     let data = unsafe { Lent::new(data as *mut u8, size) };
     let cm = &mut *c;
     let slot = cm.conn.isend(data, tag, mr_info(&mut cm.last_mr, mh)?)?;
-    c.profile_start(slot, std::iter::once((size, ph)));
+    c.profile_start(slot, std::iter::once((size, profile::Phandle(ph as usize))));
     if c.conn.has_pending_sends() {
         pending_add(t);
     }
@@ -347,7 +347,7 @@ pub unsafe fn irecv(
     let slot = c.conn.irecv(&bufs[..n as usize])?;
     if !ph.is_null() {
         // SAFETY: a non-NULL `ph` holds `n` handles (the caller's promise).
-        let phs = (0..n as usize).map(|i| (bufs[i].buf.len(), unsafe { *ph.add(i) }));
+        let phs = (0..n as usize).map(|i| (bufs[i].buf.len(), profile::Phandle(unsafe { *ph.add(i) } as usize)));
         c.profile_start(slot, phs);
     }
     drop(c);

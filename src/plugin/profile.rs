@@ -1,94 +1,71 @@
-//! NCCL's profiler (ncclNet v10+): when NCCL passes a profiler callback to `init`, each request
-//! that carries a profiler handle (`phandle` of isend, `phandles[i]` of irecv) reports a network
-//! event per queue pair it goes over, as net_ib does: a start when it is posted, with the queue
-//! pair, its device (the member of a fused NIC), the opcode and the bytes, and a stop when `test`
-//! reports the request done (or its comm closes first). The events use net_ib's descriptor
-//! (`ncclProfilerNetIbDescr_v1_t`, plugin id NCCL_PROFILER_NET_TYPE_IB | 1), so NCCL's profiler
-//! plugins read them as IB events. The TCP transport reports none.
+//! NCCL's profiler (ncclNet v10+), the core's half: when NCCL passes a profiler callback to
+//! `init`, each request that carries a profiler handle (`phandle` of isend, `phandles[i]` of
+//! irecv) reports a network event per queue pair it goes over, as net_ib does: a start when it is
+//! posted, with the queue pair, its device (the member of a fused NIC), the opcode and the bytes,
+//! and a stop when `test` reports the request done (or its comm closes first). The callback and
+//! its descriptor are the ABI layer's (`abi::profile`), which installs itself here as a
+//! [`Profiler`]. The TCP transport reports none.
 
-use crate::abi::types::{ncclProfilerCallback_t, ncclResult_t};
 use crate::transport::NetEvent;
-use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
-/// ncclProfilerNetEventStart / Stop.
-const START: c_int = 0;
-const STOP: c_int = 1;
-/// NCCL_PROFILER_NET_TYPE_IB (1 << 16) | NCCL_PROFILER_NET_IB_VER (1).
-pub const PLUGIN_ID_IB: i64 = (1 << 16) | 1;
-/// ncclProfileQp: the descriptor describes one queue pair's work.
-const PROFILE_QP: u8 = 1;
+/// NCCL's profiler handle of one request: opaque to the core, passed back to the profiler as it
+/// came. Made only from the `phandle` NCCL passed with the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Phandle(pub usize);
 
-/// `ncclProfilerNetIbDescr_v1_t`: a type byte, then (8-aligned) the queue pair's event.
-#[repr(C)]
-pub struct IbDescr {
-    pub ty: u8,
-    pub qp: QpDescr,
+/// Where the events go (NCCL's callback, through the ABI layer).
+pub trait Profiler: Sync {
+    /// Start the event of one queue pair's work `e` of request `wr_id` under NCCL's handle `ph`;
+    /// the handle to stop it with (0: declined).
+    fn start(&self, ph: Phandle, wr_id: u64, e: &NetEvent) -> usize;
+    /// Stop an event `start` gave.
+    fn stop(&self, h: usize);
 }
 
-#[repr(C)]
-pub struct QpDescr {
-    pub device: c_int,
-    pub wr_id: u64,
-    pub opcode: c_int,
-    pub qp_num: c_int,
-    pub length: usize,
-}
+static HOOK: OnceLock<&'static dyn Profiler> = OnceLock::new();
+static ON: AtomicBool = AtomicBool::new(false);
 
-const _: () = assert!(std::mem::size_of::<IbDescr>() == 40 && std::mem::offset_of!(IbDescr, qp) == 8);
-
-/// The callback NCCL gave `init` (0: none).
-static CALLBACK: AtomicUsize = AtomicUsize::new(0);
-
-pub fn set_callback(cb: ncclProfilerCallback_t) {
-    if let Some(f) = cb {
-        CALLBACK.store(f as usize, Ordering::Release);
-    }
-}
-
-fn callback() -> ncclProfilerCallback_t {
-    match CALLBACK.load(Ordering::Acquire) {
-        0 => None,
-        // SAFETY: a non-zero value was stored by set_callback from a valid function pointer of
-        // exactly this type.
-        f => Some(unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut *mut c_void, c_int, *mut c_void, i64, *mut c_void) -> ncclResult_t>(f) }),
-    }
+/// Send the events to `p` from now on (the first profiler installed stays: there is one NCCL).
+pub fn install(p: &'static dyn Profiler) {
+    let _ = HOOK.set(p);
+    ON.store(true, Ordering::Release);
 }
 
 /// Whether events are wanted at all (a callback was given).
+#[inline]
 pub fn enabled() -> bool {
-    CALLBACK.load(Ordering::Relaxed) != 0
+    ON.load(Ordering::Relaxed)
 }
 
-/// Start an event per queue pair of `evs` under NCCL's `phandle`; `wr_id` names the request.
-/// The handles to stop them with are appended to `handles` (as usize).
-pub fn start(phandle: *mut c_void, wr_id: u64, evs: &[NetEvent], handles: &mut Vec<usize>) {
-    let Some(f) = callback() else { return };
-    if phandle.is_null() {
+fn hook() -> Option<&'static dyn Profiler> {
+    if enabled() {
+        HOOK.get().copied()
+    } else {
+        None
+    }
+}
+
+/// Start an event per queue pair of `evs` under NCCL's `ph` (none for a NULL one); `wr_id` names
+/// the request. The handles to stop them with are appended to `handles`.
+pub fn start(ph: Phandle, wr_id: u64, evs: &[NetEvent], handles: &mut Vec<usize>) {
+    let Some(p) = hook() else { return };
+    if ph.0 == 0 {
         return;
     }
     for e in evs {
-        let mut d = IbDescr {
-            ty: PROFILE_QP,
-            qp: QpDescr { device: e.device, wr_id, opcode: e.opcode, qp_num: e.qpn as c_int, length: e.length },
-        };
-        let mut h: *mut c_void = std::ptr::null_mut();
-        // SAFETY: NCCL's callback takes an out-pointer for the event handle (a live local), its
-        // own phandle, the plugin id, and a descriptor it reads during the call (a live local).
-        unsafe { f(&mut h, START, phandle, PLUGIN_ID_IB, &mut d as *mut IbDescr as *mut c_void) };
-        handles.push(h as usize);
+        handles.push(p.start(ph, wr_id, e));
     }
 }
 
 /// Stop the events of `handles` (NCCL's profiler takes a NULL handle: an event it declined).
 pub fn stop(handles: &mut Vec<usize>) {
-    let Some(f) = callback() else {
+    let Some(p) = hook() else {
         handles.clear();
         return;
     };
     for h in handles.drain(..) {
-        let mut h = h as *mut c_void;
-        // SAFETY: the handle NCCL's callback gave at start, passed back once, as its Stop expects.
-        unsafe { f(&mut h, STOP, std::ptr::null_mut(), 0, std::ptr::null_mut()) };
+        p.stop(h);
     }
 }

@@ -158,7 +158,7 @@ impl std::fmt::Display for HandleError {
                 "the handle has protocol version {v} but this rivet speaks {PROTO_VERSION}: run the same rivet build on every rank"
             ),
             HandleError::Family(x) => write!(f, "the handle has an unknown address family {x}"),
-            HandleError::Members(x) => write!(f, "the handle names a device of {x} members (at most {} fuse)", crate::transport::verbs::fuse::MAX_MEMBERS),
+            HandleError::Members(x) => write!(f, "the handle names a device of {x} members (at most {} fuse)", verbs::MAX_MEMBERS),
         }
     }
 }
@@ -209,7 +209,7 @@ impl Handle {
             x => return Err(HandleError::Family(x)),
         };
         let members = get_u8(b, MEMBERS).max(1);
-        if members as usize > crate::transport::verbs::fuse::MAX_MEMBERS {
+        if members as usize > verbs::MAX_MEMBERS {
             return Err(HandleError::Members(members));
         }
         let gids = (0..(get_u8(b, NGIDS) as usize).min(2)).map(|i| get(b, gid(i)).try_into().unwrap()).collect();

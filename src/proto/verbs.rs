@@ -5,12 +5,14 @@
 
 use super::layout::{self, get, get_u16, get_u32, get_u64, get_u8, put, put_u16, put_u32, put_u64, put_u8};
 use super::PROTO_VERSION;
-use crate::transport::verbs::fuse::MAX_MEMBERS;
 
 pub const META_SIZE: usize = layout::meta::SIZE;
 const META_MAGIC: u32 = 0x5256_564d; // "RVVM"
 /// Most queue pairs one connection may use.
 pub const MAX_QPS: usize = 16;
+/// Most members of a fused device (NIC fusion): a handle and a CTS entry carry a key or GID per
+/// member.
+pub const MAX_MEMBERS: usize = 8;
 /// Most buffers in one grouped receive (NCCL's `maxRecvs`); a clear-to-send entry counts them
 /// in 4 bits.
 pub const MAX_GROUP: usize = 8;

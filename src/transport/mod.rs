@@ -8,6 +8,8 @@ pub mod socket;
 pub mod verbs;
 
 pub use discover::{discover, Devices};
+/// NIC fusion's rules (which devices may fuse, and what the fused device reports).
+pub use verbs::fuse::{check as check_fusion, MemberInfo, MAX_MEMBERS};
 
 use crate::error::{Error, Result};
 use crate::gpu::{cuda, gdr, staging::Registrar};
@@ -98,7 +100,18 @@ pub trait Transport: Send + Sync {
     }
     /// What a staged comm registers its bounce buffers with.
     fn registrar(&'static self, send: bool) -> Box<dyn Registrar>;
-    /// The device as `Any`, for NIC fusion (which takes RDMA devices only).
+    /// What NIC fusion's rules look at ([`check_fusion`]): a device that is no RDMA port does
+    /// not fuse.
+    fn member_info(&self) -> MemberInfo {
+        let i = self.info();
+        MemberInfo { name: i.name.to_string_lossy().into_owned(), rdma: false, link_layer: 0, speed: i.speed, rail: -1, plane_idx: 0, plane: -1 }
+    }
+    /// A virtual device fusing this one (member 0) and `rest`, all of them passed by
+    /// [`check_fusion`]. Made once per set of members: it lives for the process.
+    fn fuse(&'static self, _rest: &[&'static dyn Transport]) -> Result<&'static dyn Transport> {
+        Err(Error::usage(format!("{}: only RDMA devices fuse into a virtual NIC", self.info().name.to_string_lossy())))
+    }
+    /// The device as `Any`: its own transport finds its other devices among a fusion's members.
     fn as_any(&self) -> &dyn std::any::Any;
 }
 

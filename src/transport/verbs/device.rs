@@ -51,7 +51,7 @@ impl VerbsDevice {
     /// the name, speed, rail and plane `fuse::fused` makes of all of them.
     pub fn fused(members: &[&VerbsDevice]) -> VerbsDevice {
         let ports: &'static [&'static IbPort] = Box::leak(members.iter().map(|m| m.ports[0]).collect::<Vec<_>>().into_boxed_slice());
-        let infos: Vec<MemberInfo> = members.iter().map(|m| m.member_info()).collect();
+        let infos: Vec<MemberInfo> = members.iter().map(|m| m.physical_member()).collect();
         let f = fuse::fused(&infos.iter().collect::<Vec<_>>());
         let first = &members[0].info;
         let info = DevInfo { name: CString::new(f.name).unwrap_or_default(), speed: f.speed, rail: f.rail, plane: f.plane, ..first.clone() };
@@ -59,7 +59,7 @@ impl VerbsDevice {
     }
 
     /// What NIC fusion needs to know of this (physical) device.
-    pub fn member_info(&self) -> MemberInfo {
+    fn physical_member(&self) -> MemberInfo {
         let p = self.ports[0];
         MemberInfo {
             name: self.info.name.to_string_lossy().into_owned(),
@@ -332,6 +332,21 @@ impl Transport for VerbsDevice {
 
     fn registrar(&'static self, send: bool) -> Box<dyn Registrar> {
         Box::new(VerbsRegistrar { ports: self.ports, access: access_for(send) })
+    }
+
+    fn member_info(&self) -> MemberInfo {
+        self.physical_member()
+    }
+
+    fn fuse(&'static self, rest: &[&'static dyn Transport]) -> Result<&'static dyn Transport> {
+        let mut members = vec![self];
+        for d in rest {
+            match d.as_any().downcast_ref::<VerbsDevice>() {
+                Some(v) => members.push(v),
+                None => return Err(Error::usage(format!("{}: only RDMA devices fuse into a virtual NIC", d.info().name.to_string_lossy()))),
+            }
+        }
+        Ok(Box::leak(Box::new(VerbsDevice::fused(&members))))
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

@@ -138,7 +138,10 @@ mod tests {
 
     /// The whole exchange between a sender device and a receiver device: what the sender offers,
     /// what comes back, and what each side's queue pairs run with.
-    fn negotiate(s: &mut Dev, r: &mut Dev, nqps: usize, enabled: bool) -> (Vec<Option<Ece>>, Vec<Option<Ece>>, Vec<Option<Ece>>) {
+    /// Each queue pair's ECE at one step of the exchange.
+    type PerQp = Vec<Option<Ece>>;
+
+    fn negotiate(s: &mut Dev, r: &mut Dev, nqps: usize, enabled: bool) -> (PerQp, PerQp, PerQp) {
         let offered = offer(s, nqps, enabled).unwrap();
         let took = accept(r, &offered).unwrap();
         let replied = reply(r, &took).unwrap();

@@ -4,8 +4,9 @@
 //! member and stripes large messages across them (the protocol engine already splits a message
 //! across queue pairs; here queue pair `q` of `n` is on member `q % members`).
 
-/// Most members of one fused device (ncclNet v12's `NCCL_NET_MAX_DEVS_PER_NIC`; v9-v11 allow 4).
-pub const MAX_MEMBERS: usize = 8;
+/// Most members of one fused device (ncclNet v12's `NCCL_NET_MAX_DEVS_PER_NIC`; v9-v11 allow 4):
+/// the wire formats' bound.
+pub use crate::proto::verbs::MAX_MEMBERS;
 /// Most fused devices a process makes (as net_ib: 256).
 pub const MAX_VDEVS: usize = 256;
 /// NCCL_NET_ID_UNDEF: no rail or plane.
