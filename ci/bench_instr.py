@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instructions per data-path call, for rivet and the peer plugins, in one VM run on the same link.
 
-    python3 ci/bench_instr.py [--iters 300] [--settle-us 5000] [--peers DIR]
+    python3 ci/bench_instr.py [--iters 300] [--settle-us 5000] [--peers DIR] [--budget FILE]
 
 On Soft-RoCE the "NIC" is kernel work on the same emulated CPUs, and every instruction a plugin
 runs on the way from `isend` to the peer's `test` that finds the message is on the latency's
@@ -16,7 +16,12 @@ ci/bench_comms.py), and prints per plugin and rank the instructions per call of 
 solved from the two ranks' counts, whose tests per wait differ; one on a send), and for rivet
 the same per layer. Counts are user space only: the kernel's share (the doorbell system call
 and, on Soft-RoCE, the packet's whole journey) is not in them.
+
+--budget FILE (ci/instr-budget.json, run by ci/test.sh): rivet's isend + finding test, idle test
+and irecv must each stay within the file's figure plus its margin; a figure over it, or one that
+could not be measured, fails the run (exit 1).
 """
+import json
 import argparse, os, re, shutil, subprocess, sys
 from benchlib import make_share
 from bench_comms import copy_peers, peer_dir
@@ -85,6 +90,7 @@ def main():
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--settle-us", type=int, default=5000)
     ap.add_argument("--peers", help="directory with the built peer plugins (../shared/peers/build.sh's out/)")
+    ap.add_argument("--budget", help="JSON file of rivet's committed instruction budget: fail when a figure is over it")
     a = ap.parse_args()
     if not shutil.which("valgrind.bin") and not os.path.exists("/usr/bin/valgrind.bin"):
         sys.exit("bench_instr: needs valgrind on this host (apt-get install valgrind)")
@@ -135,6 +141,7 @@ def main():
                 if v is not None:
                     layers.setdefault(name, []).append((rank, n, v))
     fmt = lambda v, w=7: f"{v:{w}.0f}" if v is not None else " " * (w - 1) + "-"
+    figures = {}
     for plugin, rk in rows.items():
         if set(rk) != {0, 1}:
             print(f"{plugin:<8} (a rank's profile is missing)")
@@ -149,13 +156,33 @@ def main():
             nothing = (w0 * c1 - w1 * c0) / det
         isend = both("isend")
         crit = isend + found if found is not None else None
+        figures[plugin] = {"isend+finds": crit, "finds nothing": nothing, "irecv": both("irecv")}
         print(f"{plugin:<8} {fmt(isend)} {fmt(both('irecv'))} {fmt(found, 15)} {fmt(nothing, 13)} {fmt(both('sent'), 11)} {fmt(crit, 11)}"
               f"   {t0 / max(w0, 1):.2f}, {t1 / max(w1, 1):.2f}")
     if layers:
         print("# rivet by layer: calls and instructions per call (inclusive), per rank")
         for name, rows in layers.items():
             print(f"  {' '.join(f'r{r}: {n:>6}x {v:6.0f}' for r, n, v in sorted(rows))}  {name}")
+    if a.budget:
+        return check_budget(a.budget, figures.get("rivet", {}))
     return 0
+
+
+def check_budget(path, got):
+    """Each of rivet's figures against the committed budget (plus its margin): 0 when all hold."""
+    with open(path) as f:
+        b = json.load(f)
+    margin = b["margin"]
+    bad = 0
+    for k, limit in b["rivet"].items():
+        v = got.get(k)
+        allowed = limit * (1 + margin)
+        ok = v is not None and v <= allowed
+        bad += not ok
+        shown = f"{v:.0f}" if v is not None else "not measured"
+        print(f"BUDGET {k}: {shown} instructions (budget {limit}, at most {allowed:.0f} with the {margin:.0%} margin): {'PASS' if ok else 'FAIL'}")
+    print(f"BUDGET {'FAILED' if bad else 'PASSED'}: {bad} of {len(b['rivet'])} figure(s) over budget")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

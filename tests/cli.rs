@@ -252,6 +252,7 @@ fn soak_checks_every_byte() {
             let line = out.lines().find(|l| l.starts_with(&format!("# soak {phase} rank {rank}: "))).unwrap_or_else(|| panic!("{out}"));
             assert!(line.contains(" 0 wrong bytes") && line.ends_with("PASS"), "{line}");
             assert!(line.contains("after close: ") && line.contains("fds +0, threads +0"), "{line}");
+            assert!(line.contains("; longest data-path call ") && line.contains(" ms ("), "{line}");
         }
     }
     assert!(out.contains("seed 7") && out.trim_end().ends_with("# rivet soak: PASS"), "{out}");

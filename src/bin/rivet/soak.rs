@@ -172,6 +172,27 @@ struct Totals {
 }
 
 /// One phase (host or staged) on this rank, for `secs` seconds.
+/// The longest isend, irecv or test call so far: NCCL's proxy thread makes them for every
+/// connection it serves, so none may wait (a failover included).
+#[derive(Default)]
+struct Longest {
+    ms: f64,
+    what: &'static str,
+}
+
+impl Longest {
+    fn time<T>(&mut self, what: &'static str, call: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let r = call();
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if ms > self.ms {
+            self.ms = ms;
+            self.what = what;
+        }
+        r
+    }
+}
+
 pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<u64> {
     let devs = o.common.devs();
     // With the plugin loaded and initialized (its devices open: a process-wide cost, paid once),
@@ -212,6 +233,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let mut last_print = start;
     let mut idle_since = Instant::now();
     let mut flip = std::env::var_os("RIVET_SOAK_FLIP").is_some();
+    let mut longest = Longest::default();
     loop {
         let now = Instant::now();
         let mut moved = false;
@@ -251,7 +273,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 // SAFETY: the message's bytes in this round's slot of the send arena, registered as
                 // `sarena.mh` and kept (the arena outlives the comms) and unchanged until the round
                 // completes: a slot is refilled only after its requests are done.
-                match unsafe { net.try_isend(r.send(), ptr, size, tag, sarena.mh)? } {
+                match longest.time("isend", || unsafe { net.try_isend(r.send(), ptr, size, tag, sarena.mh) })? {
                     Some(q) => {
                         reqs.push(q);
                         moved = true;
@@ -282,7 +304,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
                 }
                 // SAFETY: each buffer is its room in this round's slot of the receive arena
                 // (registered as `rarena.mh`, outliving the comms), read only once the round is done.
-                if let Some(q) = unsafe { net.try_irecv_group(r.recv(), &bufs)? } {
+                if let Some(q) = longest.time("irecv", || unsafe { net.try_irecv_group(r.recv(), &bufs) })? {
                     reqs.push(q);
                     moved = true;
                 }
@@ -290,7 +312,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
             if reqs.len() == 1 {
                 let ptr = rarena.mem[ctrl_off + *slot * 8..].as_mut_ptr();
                 // SAFETY: as above, for the slot's control word.
-                if let Some(q) = unsafe { net.try_irecv_group(r.recv(), &[(ptr, 8, CTRL_TAG, rarena.mh)])? } {
+                if let Some(q) = longest.time("irecv", || unsafe { net.try_irecv_group(r.recv(), &[(ptr, 8, CTRL_TAG, rarena.mh)]) })? {
                     reqs.push(q);
                     moved = true;
                 }
@@ -304,7 +326,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
             // Requests are tested until done, and a done one is not tested again.
             while let Some(&q) = reqs.first() {
                 let mut one = [0i32; 1];
-                if !net.test_n(q, &mut one)? {
+                if !longest.time("test", || net.test_n(q, &mut one))? {
                     break;
                 }
                 reqs.remove(0);
@@ -323,14 +345,14 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
             // First the grouped receive (its sizes kept), then the control word; a request that
             // is done is not tested again.
             if reqs.len() == 2 {
-                if !net.test_n(reqs[0], &mut sizes[..n])? {
+                if !longest.time("test", || net.test_n(reqs[0], &mut sizes[..n]))? {
                     break;
                 }
                 reqs.remove(0);
                 moved = true;
             }
             let mut ctl = [0i32; 1];
-            if !net.test_n(reqs[0], &mut ctl)? {
+            if !longest.time("test", || net.test_n(reqs[0], &mut ctl))? {
                 break;
             }
             let Round { plan: p, slot, sizes, .. } = recv.flight.pop_front().unwrap();
@@ -422,12 +444,14 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let bad_counts = (rfds > 0) as u64 + (rthr > 0) as u64 + (drss > 16 * 1024) as u64 + (dfds > 0) as u64 + (dthr > 0) as u64;
     let bad = tot.wrong + bad_counts;
     r.out_any(&format!(
-        "# soak {phase} rank {rank}: received {} messages, {} bytes ({:.2} GB/s) in {secs_run:.0} s; {} wrong bytes; in the run after the warm-up: fds {rfds:+}, threads {rthr:+} (peak rss {} MiB); after close: rss {drss:+} KiB, fds {dfds:+}, threads {dthr:+}: {}",
+        "# soak {phase} rank {rank}: received {} messages, {} bytes ({:.2} GB/s) in {secs_run:.0} s; {} wrong bytes; in the run after the warm-up: fds {rfds:+}, threads {rthr:+} (peak rss {} MiB); after close: rss {drss:+} KiB, fds {dfds:+}, threads {dthr:+}; longest data-path call {:.1} ms ({}): {}",
         tot.msgs,
         tot.bytes,
         tot.bytes as f64 / secs_run / 1e9,
         tot.wrong,
         peak_rss / 1024,
+        longest.ms,
+        longest.what,
         if bad == 0 { "PASS" } else { "FAIL" }
     ));
     Ok(bad)

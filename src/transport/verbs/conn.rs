@@ -62,8 +62,10 @@ pub(super) const KIND_FLUSH: u64 = 4;
 /// after every other of that queue, so the queue is drained once it is seen. Its queue pair's
 /// index is in the low byte.
 pub(super) const KIND_DRAIN: u64 = 5;
-/// How long a failover waits for its drain markers.
-const DRAIN_WAIT: Duration = Duration::from_secs(5);
+/// How long a failover waits for its drain markers (and for room for what it writes again).
+pub(super) const DRAIN_WAIT: Duration = Duration::from_secs(5);
+/// How long notices may wait for the out-of-band socket to take them.
+const NOTICE_WAIT: Duration = Duration::from_secs(2);
 /// How long a drain marker is waited for before quiet stands in for it, and how much quiet.
 const MARKER_WAIT: Duration = Duration::from_millis(500);
 const QUIET: Duration = Duration::from_millis(100);
@@ -266,14 +268,9 @@ impl Drain {
         Drain { mask, start: now, quiet_since: now, seen: 0 }
     }
 
-    /// Whether the queue pairs count as drained yet (Err once DRAIN_WAIT is over).
-    pub(super) fn waiting(&self, c: &Common) -> bool {
-        c.drained & self.mask != self.mask
-    }
-
-    /// After a poll that `moved` (or not): whether the queue pairs count as drained (Err once
-    /// DRAIN_WAIT is over).
-    pub(super) fn done(&mut self, c: &mut Common, moved: bool) -> Result<bool> {
+    /// Whether the queue pairs count as drained yet (Err once DRAIN_WAIT is over). Never waits:
+    /// the shell asks again at its next call, after polling.
+    pub(super) fn done(&mut self, c: &mut Common) -> Result<bool> {
         let drained = c.drained;
         if drained & self.mask == self.mask {
             return Ok(true);
@@ -298,11 +295,21 @@ impl Drain {
         if now.duration_since(self.start) > DRAIN_WAIT {
             return Err(c.drain_timeout(self.mask & !drained));
         }
-        if !moved {
-            std::thread::yield_now();
-        }
         Ok(false)
     }
+}
+
+/// A failed completion whose meaning waits for its port's verdict (Soft-RoCE fails a send with
+/// LOC_QP_OP_ERR as soon as its netdev is down, which the port's state and PORT_ERR event may
+/// show a moment later): failed over once the port is seen down, the comm's error once
+/// CAUSE_WAIT is over without that. Looked at again at each call, never waited for.
+struct Verdict {
+    wc: ibv_wc,
+    /// The member whose CQ it came from, and the data queue pair.
+    m: usize,
+    q: usize,
+    /// Until when (coarse ms).
+    until: u64,
 }
 
 /// State shared by both directions: the peer, its out-of-band socket, the death certificate.
@@ -343,6 +350,22 @@ pub struct Common {
     pub(super) flushed: [u32; crate::proto::verbs::MAX_QPS],
     /// Bytes of the out-of-band socket not yet a whole notice, and a mismatch it brought.
     inbox: Vec<u8>,
+    /// Notices not yet taken by the out-of-band socket (written on at each call, in order), and
+    /// since when (coarse ms) they wait.
+    outbox: Vec<u8>,
+    outbox_since: u64,
+    /// Failed completions waiting for their port's verdict, and their queue pairs (bit q):
+    /// later failed completions of those are part of the same verdict.
+    verdicts: Vec<Verdict>,
+    suspect: u32,
+    /// The comm's error, waiting (until the coarse ms) for the port's state to show the cause of
+    /// a failure a dead link causes: the comm takes nothing new meanwhile, and dies with the
+    /// error once the cause is found or the time is over.
+    dying: Option<(ibv_wc, usize, u64)>,
+    /// A shell's failover under way (queue pairs draining, writes to make again).
+    failing: bool,
+    /// Any of the above: work for the next call (one flag for the idle path to look at).
+    pending: bool,
     mismatch: Option<Mismatch>,
     /// The end of the out-of-band socket (None) or its error (Some), once reading met it.
     oob_end: Option<Option<std::io::Error>>,
@@ -426,6 +449,13 @@ impl Common {
             drained: 0,
             flushed: [0; crate::proto::verbs::MAX_QPS],
             inbox: Vec::new(),
+            outbox: Vec::new(),
+            outbox_since: 0,
+            verdicts: Vec::new(),
+            suspect: 0,
+            dying: None,
+            failing: false,
+            pending: false,
             mismatch: None,
             oob_end: None,
             peer,
@@ -540,41 +570,36 @@ impl Common {
                 continue;
             }
             self.wc[i].wr_id = 0;
-            if wc.status == IBV_WC_WR_FLUSH_ERR && self.dead.is_some() {
-                continue;
+            if self.dying.is_some() || (wc.status == IBV_WC_WR_FLUSH_ERR && self.dead.is_some()) {
+                continue; // the comm's error is decided (or waits for its cause)
             }
             let m = self.wc_member[i] as usize;
             let at = self.qpns[..self.nqpns].iter().zip(&self.qp_member).position(|(&q, &qm)| q == wc.qp_num && qm as usize == m);
             if let Some(q) = at.filter(|&q| q < self.ndata) {
                 self.flushed[q] = self.flushed[q].saturating_add(1);
-                if self.qdead & (1 << q) != 0 {
-                    continue; // flushed from a queue pair already failed over
+                if (self.qdead | self.suspect) & (1 << q) != 0 {
+                    continue; // flushed from a queue pair already failed over, or awaiting its verdict
                 }
             }
             // As net_ib's resiliency: a queue pair whose transport gave up (the link or the
             // port is gone) or that was flushed fails over; so does one that could not send
             // because its port is down (Soft-RoCE's way to report it). Any other error is a bug
             // of one side.
-            let port = self.ports.get(m).copied().unwrap_or(self.port);
-            let link_down = || {
-                port.dev.poll_events();
-                port.dev.port_down(port.port) || port.dev.port_state(port.port).is_some_and(|s| s != "ACTIVE")
-            };
-            let recoverable = matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_WR_FLUSH_ERR)
-                || (self.failover && wc.status == IBV_WC_LOC_QP_OP_ERR && {
-                    // Soft-RoCE fails a send this way as soon as its netdev is down, which the
-                    // port's state and PORT_ERR event may show a moment later: look for a while
-                    // (bounded, on this error path only).
-                    let deadline = Instant::now() + CAUSE_WAIT;
-                    let mut down = link_down();
-                    while !down && Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_millis(10));
-                        down = link_down();
-                    }
-                    down
-                });
+            // Soft-RoCE fails a send with LOC_QP_OP_ERR as soon as its netdev is down, which the
+            // port's state and PORT_ERR event may show a moment later: a data queue pair's
+            // waits for that verdict (at later calls, for at most CAUSE_WAIT).
+            let op_err = self.failover && wc.status == IBV_WC_LOC_QP_OP_ERR;
+            if let (true, Some(q)) = (op_err, at.filter(|&q| q < self.ndata)) {
+                if !self.member_down(m) {
+                    self.verdicts.push(Verdict { wc, m, q, until: crate::sys::clock::coarse_ms() + CAUSE_WAIT.as_millis() as u64 });
+                    self.suspect |= 1 << q;
+                    self.pending = true;
+                    continue;
+                }
+            }
+            let recoverable = matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_WR_FLUSH_ERR) || (op_err && self.member_down(m));
             if let (true, true, Some(q)) = (self.failover, recoverable, at) {
-                let e = self.wc_error(&wc, m, false);
+                let e = self.wc_error(&wc, m);
                 if q < self.ndata {
                     self.mark_failed(1 << q, &e.to_string());
                 } else {
@@ -585,10 +610,76 @@ impl Common {
                 }
                 continue;
             }
-            let e = self.wc_error(&wc, m, true);
+            // A failure a dead link causes may show its cause (the port's state) only a moment
+            // later: the comm takes nothing new from now on, and its error waits for the cause
+            // (at later calls, for at most CAUSE_WAIT) before it blames the peer.
+            if matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR) && self.cause(&wc, m).is_none() {
+                self.dying = Some((wc, m, crate::sys::clock::coarse_ms() + CAUSE_WAIT.as_millis() as u64));
+                self.pending = true;
+                continue;
+            }
+            let e = self.wc_error(&wc, m);
             self.die(e);
         }
         Ok(n)
+    }
+
+    /// The work a failure left for later calls (see `pending`): the notices the out-of-band
+    /// socket did not take yet, the completions waiting for their port's verdict, the error
+    /// waiting for its cause. Never waits; an error once the comm is dead.
+    #[inline(never)]
+    pub(super) fn resolve(&mut self) -> Result<()> {
+        if !self.pending {
+            return Ok(());
+        }
+        let now = crate::sys::clock::coarse_ms();
+        if let Some((wc, m, until)) = self.dying {
+            if now >= until || self.cause(&wc, m).is_some() {
+                self.dying = None;
+                let e = self.wc_error(&wc, m);
+                self.die(e);
+            }
+        }
+        let mut i = 0;
+        while i < self.verdicts.len() {
+            let (m, q) = (self.verdicts[i].m, self.verdicts[i].q);
+            let down = self.member_down(m);
+            if !down && now < self.verdicts[i].until {
+                i += 1;
+                continue;
+            }
+            let v = self.verdicts.swap_remove(i);
+            self.suspect &= !(1 << q);
+            let e = self.wc_error(&v.wc, m);
+            if down {
+                self.mark_failed(1 << q, &e.to_string());
+            } else {
+                self.die(e);
+            }
+        }
+        self.flush_outbox()?;
+        self.pending = self.failing || self.dying.is_some() || !self.verdicts.is_empty() || !self.outbox.is_empty();
+        self.check()
+    }
+
+    /// A shell's failover is under way (or over): new sends and receives wait for it.
+    pub(super) fn set_failing(&mut self, on: bool) {
+        self.failing = on;
+        self.pending = on || self.dying.is_some() || !self.verdicts.is_empty() || !self.outbox.is_empty();
+    }
+
+    /// Whether new sends and receives wait: a failover under way, or a failure's verdict or
+    /// cause not known yet.
+    #[inline]
+    pub(super) fn failing(&self) -> bool {
+        self.pending && (self.failing || self.dying.is_some() || !self.verdicts.is_empty())
+    }
+
+    /// Whether member `m`'s port is seen down (its PORT_ERR event, or its state).
+    fn member_down(&self, m: usize) -> bool {
+        let port = self.ports.get(m).copied().unwrap_or(self.port);
+        port.dev.poll_events();
+        port.dev.port_down(port.port) || port.dev.port_state(port.port).is_some_and(|s| s != "ACTIVE")
     }
 
     /// The data queue pairs on member `m` (bit q).
@@ -633,7 +724,7 @@ impl Common {
     /// Whether a failover is due: queue pairs found failed, the peer naming dead ones, or (on a
     /// sender) the receiver's account; or a recovery notice to act on.
     pub(super) fn failover_due(&self) -> bool {
-        self.failed != 0 || self.peer_dead & !self.qdead != 0 || !self.notices.is_empty()
+        self.failed != 0 || self.peer_dead & !self.qdead != 0 || !self.notices.is_empty() || self.pending
     }
 
     /// Queue pairs `mask` are failed over (in ERR, drained): recovery may take them back later.
@@ -687,11 +778,6 @@ impl Common {
             .fold(0, |m, q| m | 1 << q)
     }
 
-    /// Deadline of a failover's wait for its drain markers.
-    pub(super) fn drain_deadline() -> Instant {
-        Instant::now() + DRAIN_WAIT
-    }
-
     /// A failover that could not drain its queue pairs in time: the comm fails.
     pub(super) fn drain_timeout(&mut self, mask: u32) -> Error {
         let e = Error::system(format!(
@@ -702,16 +788,40 @@ impl Common {
         self.die(e)
     }
 
-    /// Send a notice to the peer over the out-of-band socket (bounded: the socket is otherwise
-    /// idle, and a notice is at most a few KiB).
+    /// Send a notice to the peer over the out-of-band socket: what the socket does not take now
+    /// (it is otherwise idle, and a notice is at most a few KiB) goes at later calls, in order.
     pub(super) fn notify(&mut self, n: &Notice) -> Result<()> {
-        let b = n.encode();
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let mut off = 0;
-        while off < b.len() {
-            match oob::send_some(&self.oob, &b[off..]) {
-                Ok(k) => off += k,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+        self.queue_notice(&n.encode());
+        self.flush_outbox()
+    }
+
+    fn queue_notice(&mut self, b: &[u8]) {
+        if self.outbox.is_empty() {
+            self.outbox_since = crate::sys::clock::coarse_ms();
+        }
+        self.outbox.extend_from_slice(b);
+    }
+
+    /// Write what the out-of-band socket takes now of the notices waiting; the comm fails if
+    /// they have waited NOTICE_WAIT.
+    fn flush_outbox(&mut self) -> Result<()> {
+        while !self.outbox.is_empty() {
+            match oob::send_some(&self.oob, &self.outbox) {
+                Ok(k) => {
+                    self.outbox.drain(..k);
+                }
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {
+                    if crate::sys::clock::coarse_ms().saturating_sub(self.outbox_since) <= NOTICE_WAIT.as_millis() as u64 {
+                        self.pending = true;
+                        return Ok(());
+                    }
+                    let e = Error::remote(format!(
+                        "{}: telling the peer of a failover over the out-of-band socket: the socket took nothing for {} s (the peer does not read it)",
+                        self.where_(0),
+                        NOTICE_WAIT.as_secs()
+                    ));
+                    return Err(self.die(e));
+                }
                 Err(e) => {
                     let e = Error::remote(format!("{}: telling the peer of a failover over the out-of-band socket failed: {e}", self.where_(0)));
                     return Err(self.die(e));
@@ -802,8 +912,10 @@ impl Common {
         }
     }
 
-    fn notify_mismatch(&self, m: Mismatch) {
-        oob::notify_mismatch(&self.oob, m)
+    /// Tell the peer why this side fails (best effort: after any notice still waiting).
+    fn notify_mismatch(&mut self, m: Mismatch) {
+        self.queue_notice(&m.encode());
+        let _ = self.flush_outbox();
     }
 
     /// What the protocol engine found, as the comm's error: a mismatch is the application's
@@ -824,10 +936,24 @@ impl Common {
         self.die(err)
     }
 
-    /// A failed work completion as an error that says what and why (`wait`: give the port's
-    /// state a moment to show a dead link's cause).
-    fn wc_error(&self, wc: &ibv_wc, m: usize, wait: bool) -> Error {
+    /// What the device says caused a failed completion on member `m`, if anything yet.
+    fn cause(&self, wc: &ibv_wc, m: usize) -> Option<String> {
         let port = self.ports.get(m).copied().unwrap_or(self.port);
+        let dev = &port.dev;
+        dev.poll_events();
+        if let Some((_, ev)) = dev.qp_event(std::iter::once(wc.qp_num)) {
+            Some(format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev)))
+        } else if dev.port_down(port.port) {
+            Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", dev.name, port.port))
+        } else {
+            // The event may not have been delivered yet: ask the port itself.
+            let state = dev.port_state(port.port).filter(|s| *s != "ACTIVE")?;
+            Some(format!("; cause: the port {}:{} is {state}: check the link and the switch", dev.name, port.port))
+        }
+    }
+
+    /// A failed work completion as an error that says what and why.
+    fn wc_error(&self, wc: &ibv_wc, m: usize) -> Error {
         let op = match wc.wr_id >> KIND_SHIFT {
             KIND_SEND => "RDMA WRITE of a send",
             KIND_RECV => "receive",
@@ -845,30 +971,7 @@ impl Common {
             _ => Kind::System,
         };
         // What the device said about this QP or its port, if anything.
-        let dev = &port.dev;
-        let find_cause = || {
-            dev.poll_events();
-            if let Some((_, ev)) = dev.qp_event(std::iter::once(wc.qp_num)) {
-                Some(format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev)))
-            } else if dev.port_down(port.port) {
-                Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", dev.name, port.port))
-            } else {
-                // The event may not have been delivered yet: ask the port itself.
-                let state = dev.port_state(port.port).filter(|s| *s != "ACTIVE")?;
-                Some(format!("; cause: the port {}:{} is {state}: check the link and the switch", dev.name, port.port))
-            }
-        };
-        // A link that just went down can fail the transport's retries before the port's state or
-        // its PORT_ERR event shows it: for the errors a dead link causes, look again for a while
-        // (bounded, and only on this error path) before blaming the peer.
-        let link_error = wait && matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR);
-        let mut cause = find_cause();
-        let deadline = Instant::now() + CAUSE_WAIT;
-        while cause.is_none() && link_error && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-            cause = find_cause();
-        }
-        let cause = cause.unwrap_or_default();
+        let cause = self.cause(wc, m).unwrap_or_default();
         let gone = match self.peer_state() {
             PeerState::Gone => format!("; the peer {} has closed its connection, so it most likely exited or crashed", self.peer),
             PeerState::Unreachable(e) => format!("; the peer host {} is unreachable ({e})", self.peer.ip()),

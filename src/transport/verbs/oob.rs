@@ -3,9 +3,9 @@
 //! the peer's pulse. Its end says the peer process exited, its keepalive timeout that the host
 //! stopped answering, and a sender that fails a send for a collective mismatch writes a notice
 //! on it so that the receiver reports the same cause. The notices on it (mismatch, failover) are
-//! read by `Common::read_inbox`; what is here only looks at the socket's state and writes.
+//! written in order through `Common::notify`'s outbox and read by `Common::read_inbox`; what is
+//! here only looks at the socket's state, writes and reads, never waiting.
 
-use crate::proto::verbs::Mismatch;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 pub enum PeerState {
@@ -34,11 +34,6 @@ pub fn peer_state(fd: &OwnedFd) -> PeerState {
         _ if crate::transport::socket::sock::host_unreachable(&e) => PeerState::Unreachable(e),
         _ => PeerState::Gone,
     }
-}
-
-/// Tell the peer why this side fails (best effort; the socket is otherwise idle).
-pub fn notify_mismatch(fd: &OwnedFd, m: Mismatch) {
-    let _ = send_some(fd, &m.encode());
 }
 
 /// Send what the socket takes now of `b` (never blocks).

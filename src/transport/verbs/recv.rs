@@ -2,7 +2,7 @@
 //! sender writes into events for the [`RecvEngine`], and posts what it answers (clear-to-send
 //! groups, credit words, flush reads) as work requests; copies eager payloads out of the ring.
 
-use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, Drain, SqBook, KIND_CTRL, KIND_DRAIN, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RING_SLOTS};
+use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, Drain, SqBook, DRAIN_WAIT, KIND_CTRL, KIND_DRAIN, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RING_SLOTS};
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
@@ -68,6 +68,17 @@ pub struct Parts {
     pub scratch: Part,
 }
 
+/// One write a receiver's failover makes again.
+#[derive(Clone, Copy)]
+enum Rewrite {
+    /// A CTS entry (`len` bytes of `bytes`: a fused receiver's keys, then the entry) into the
+    /// sender's FIFO at `remote`, on queue pair `q`: inline, or from staging copy `stage` at
+    /// `off` where the provider has no inline room for it.
+    Entry { q: usize, stage: usize, off: usize, bytes: [u8; 64], len: usize, remote: u64 },
+    /// The latest credit word.
+    Credit,
+}
+
 pub struct VerbsRecv {
     /// Eager payloads on their way out of the ring (first: dropped, after its copies drained,
     /// before the ring they read).
@@ -97,6 +108,13 @@ pub struct VerbsRecv {
     /// Which queue pair carries each logical one's writes (after queue pairs failed).
     map: [u8; MAX_QPS],
     in_failover: bool,
+    /// A failover's queue pairs draining (in ERR, their markers posted).
+    draining: Option<(u32, Drain)>,
+    /// What a failover writes again once the sender has the account, in order, as the send
+    /// queues have room (by the coarse ms in `rewrite_by`): each CTS entry of the incomplete
+    /// receives alone, then the credit word.
+    rewrites: std::collections::VecDeque<Rewrite>,
+    rewrite_by: u64,
     /// Recovery: failed queue pairs reset on this side (in RTR, receives posted), the sender
     /// asked to take them back; and when recovery was last looked at (coarse ms).
     recovering: u32,
@@ -159,6 +177,9 @@ impl VerbsRecv {
             credit_at: None,
             map: std::array::from_fn(|q| q as u8),
             in_failover: false,
+            draining: None,
+            rewrites: std::collections::VecDeque::new(),
+            rewrite_by: 0,
             recovering: 0,
             recovery_checked: 0,
             keys: vec![[CtsKeys::default(); MAX_GROUP]; RECV_REQS].into_boxed_slice(),
@@ -321,7 +342,7 @@ impl VerbsRecv {
         if self.c.failover_due() {
             self.fail_over()?;
         }
-        if self.c.qdead != 0 && self.recovering == 0 {
+        if self.c.qdead != 0 && self.recovering == 0 && !self.c.failing() {
             let now = crate::sys::clock::coarse_ms();
             if now.saturating_sub(self.recovery_checked) >= 50 {
                 self.recovery_checked = now;
@@ -415,28 +436,49 @@ impl VerbsRecv {
     /// write that reached them is polled, and nothing more arrives through them. Then the
     /// account of what arrived goes to the sender (which sends again what is missing), and the
     /// clear-to-send groups and the credit word, which may have been lost with them, are written
-    /// again on the queue pairs that live.
+    /// again on the queue pairs that live. Resumable: a drain not over yet, or writes waiting
+    /// for room, are taken up again at the next call (new receives wait meanwhile:
+    /// `Common::failing`), so no call waits.
     fn fail_over_now(&mut self) -> Result<()> {
+        self.c.resolve()?;
         // What failed so far, then each of the sender's notices in the order it sent them (a
         // Fail and a Recovered mean different things the other way round).
         loop {
-            self.fail_over_found()?;
+            if let Some((new, wait)) = &mut self.draining {
+                let new = *new;
+                if !wait.done(&mut self.c)? {
+                    break;
+                }
+                self.draining = None;
+                self.drained(new)?;
+                continue;
+            }
+            if !self.rewrites.is_empty() {
+                self.post_rewrites()?;
+                if !self.rewrites.is_empty() {
+                    break;
+                }
+            }
+            let new = (self.c.failed | self.c.peer_dead) & !self.c.qdead & self.c.all_qps();
+            if new != 0 {
+                self.drain(new)?;
+                continue;
+            }
             match self.c.notices.pop_front() {
-                None => return Ok(()),
+                None => break,
                 Some(Notice::Fail { dead }) => self.c.peer_dead |= dead,
                 Some(Notice::Recovered { qps }) => self.took_back(qps, 0)?,
                 Some(Notice::NotRecovered { qps }) => self.took_back(0, qps)?,
                 Some(_) => {} // a sender's notice: not for a receiver
             }
         }
+        self.c.set_failing(self.draining.is_some() || !self.rewrites.is_empty());
+        Ok(())
     }
 
-    /// Fail over the queue pairs found failed here or named by the sender, if any are new.
-    fn fail_over_found(&mut self) -> Result<()> {
-        let new = (self.c.failed | self.c.peer_dead) & !self.c.qdead & self.c.all_qps();
-        if new == 0 {
-            return Ok(());
-        }
+    /// Move queue pairs `new` (found failed here or named by the sender) to ERR and post their
+    /// drain markers: once each one's has completed (a later call sees it), `drained` follows.
+    fn drain(&mut self, new: u32) -> Result<()> {
         let ln = self.c.ports.len();
         for q in (0..self.qps.len()).filter(|&q| new & (1 << q) != 0) {
             let port = self.c.ports[member_of(q, ln)];
@@ -452,16 +494,17 @@ impl VerbsRecv {
                 return Err(self.c.post_failed_on(member_of(q, ln), self.qps[q].qp().qpn(), "posting the drain marker", rc));
             }
         }
-        let mut wait = Drain::new(new);
-        loop {
-            let moved = wait.waiting(&self.c) && self.progress()?;
-            if wait.done(&mut self.c, moved)? {
-                break;
-            }
-        }
+        self.draining = Some((new, Drain::new(new)));
+        self.c.set_failing(true);
+        Ok(())
+    }
+
+    /// Queue pairs `new` are drained: the sender gets the account, and the clear-to-send
+    /// entries of the incomplete receives and the credit word are queued to be written again.
+    fn drained(&mut self, new: u32) -> Result<()> {
         self.c.failed_over(new);
         self.recovering &= !new;
-        let nq = self.qps.len();
+        let (nq, ln) = (self.qps.len(), self.c.ports.len());
         // Not onto one being taken back (in RTR, it cannot send until the sender has answered).
         let Some(map) = remap_keeping(self.c.qdead | self.recovering, nq, &self.map, false) else {
             return Err(self.c.die(Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
@@ -478,13 +521,13 @@ impl VerbsRecv {
                 *r = None;
             }
         }
-        // Each entry alone, inline (a group may land entry by entry: the sender checks each
-        // entry's stamp).
+        // Each entry alone (a group may land entry by entry: the sender checks each entry's
+        // stamp); an earlier failover's rewrites not made yet are in these.
+        self.rewrites.clear();
         let stride = cts_stride(ln);
         for (req, p) in self.eng.cts_outstanding() {
             let q = self.map[p.q] as usize;
             for (i, e) in p.entries[..p.n].iter().enumerate() {
-                self.wait_room(q)?;
                 let mut b = [0u8; 64];
                 if ln > 1 {
                     b[..32].copy_from_slice(&self.keys[req as usize][i].0.map(u32::to_le_bytes).concat());
@@ -493,62 +536,68 @@ impl VerbsRecv {
                 // stride's end.
                 unsafe { (b.as_mut_ptr().add(stride - 32) as *mut Cts).write_unaligned(*e) };
                 let remote = self.rem_fifo_addr + ((p.slot * MAX_GROUP + i) * stride) as u64;
-                if stride <= self.qps[q].qp().max_inline as usize {
-                    // Inline: the bytes are copied into the work request at post (`b` is ours).
-                    self.post_ctrl(q, b.as_ptr() as u64, |_| 0, stride, remote, false)?;
-                    continue;
-                }
-                // A provider without inline room: from the group's staging copy, once the NIC no
-                // longer reads it, and waited for.
                 let stage = p.slot % CTS_STAGES;
-                self.wait_stage(stage)?;
-                let off = (stage * MAX_GROUP + i) * stride;
-                // SAFETY: inside the staging copies (stage < CTS_STAGES, i < MAX_GROUP), our own
-                // memory, which the NIC no longer reads (`wait_stage`).
-                unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), self.cts_out.ptr().add(off), stride) };
-                let out = self.cts_out;
-                self.post_ctrl(q, out.addr() + off as u64, |m| out.lkey_on(m), stride, remote, false)?;
-                self.cts_reading[stage] = Some((q as u8, self.book.last_place(q)));
-                self.wait_stage(stage)?;
+                self.rewrites.push_back(Rewrite::Entry { q, stage, off: (stage * MAX_GROUP + i) * stride, bytes: b, len: stride, remote });
             }
         }
-        let word = self.eng.credits_sent();
-        if word > 0 {
-            self.wait_room(self.map[0] as usize)?;
-            self.post_credit(word)?;
-        }
+        self.rewrites.push_back(Rewrite::Credit);
+        self.rewrite_by = crate::sys::clock::coarse_ms() + DRAIN_WAIT.as_millis() as u64;
         log::info!(
-            "NET/rivet: {}: failed over queue pair(s) {new:#x}: told the sender what arrived ({ring} eager slots, {nrecvs} receive(s) in flight) and wrote their clear-to-send entries and the credit again; logical queue pairs now on {:?}",
+            "NET/rivet: {}: failed over queue pair(s) {new:#x}: told the sender what arrived ({ring} eager slots, {nrecvs} receive(s) in flight); its clear-to-send entries and the credit are written again; logical queue pairs now on {:?}",
             self.c.where_(0),
             &self.map[..nq]
         );
-        Ok(())
+        self.post_rewrites()
     }
 
-    /// Wait (bounded) until the NIC no longer reads CTS staging copy `stage`.
-    fn wait_stage(&mut self, stage: usize) -> Result<()> {
-        let deadline = Common::drain_deadline();
-        while let Some((q, place)) = self.cts_reading[stage] {
-            if self.gone(q as usize) || self.book.done(q as usize, place) {
-                self.cts_reading[stage] = None;
-                break;
+    /// Make the failover's writes, in order, as far as the send queues have room (the rest at a
+    /// later call, within DRAIN_WAIT).
+    fn post_rewrites(&mut self) -> Result<()> {
+        while let Some(&r) = self.rewrites.front() {
+            let q = match r {
+                Rewrite::Entry { q, .. } => q,
+                Rewrite::Credit => self.map[0] as usize,
+            };
+            // Not on a queue pair that failed meanwhile (dropped, as its flush would; the next
+            // failover writes it again).
+            let mut ready = self.gone(q) || self.book.room(q) >= 2;
+            if let (true, Rewrite::Entry { stage, len, .. }) = (ready && !self.gone(q), r) {
+                // From the staging copy where the provider has no inline room: once the NIC no
+                // longer reads that copy.
+                if len > self.qps[q].qp().max_inline as usize {
+                    if let Some((rq, place)) = self.cts_reading[stage] {
+                        ready = self.gone(rq as usize) || self.book.done(rq as usize, place);
+                    }
+                }
             }
-            if std::time::Instant::now() > deadline {
-                return Err(self.c.drain_timeout(0));
+            if !ready {
+                if crate::sys::clock::coarse_ms() > self.rewrite_by {
+                    return Err(self.c.drain_timeout(0));
+                }
+                return Ok(());
             }
-            self.progress()?;
-        }
-        Ok(())
-    }
-
-    /// Wait (bounded) until queue pair `q`'s send queue has room for a control write.
-    fn wait_room(&mut self, q: usize) -> Result<()> {
-        let deadline = Common::drain_deadline();
-        while !self.gone(q) && self.book.room(q) < 2 {
-            if std::time::Instant::now() > deadline {
-                return Err(self.c.drain_timeout(0));
+            self.rewrites.pop_front();
+            match r {
+                Rewrite::Entry { q, stage, off, bytes, len, remote } => {
+                    if len <= self.qps[q].qp().max_inline as usize {
+                        // Inline: the bytes are copied into the work request at post (ours).
+                        self.post_ctrl(q, bytes.as_ptr() as u64, |_| 0, len, remote, false)?;
+                        continue;
+                    }
+                    // SAFETY: inside the staging copies (stage < CTS_STAGES, the entry < MAX_GROUP),
+                    // our own memory, which the NIC no longer reads (checked above).
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.cts_out.ptr().add(off), len) };
+                    let out = self.cts_out;
+                    self.post_ctrl(q, out.addr() + off as u64, |m| out.lkey_on(m), len, remote, false)?;
+                    self.cts_reading[stage] = Some((q as u8, self.book.last_place(q)));
+                }
+                Rewrite::Credit => {
+                    let word = self.eng.credits_sent();
+                    if word > 0 {
+                        self.post_credit(word)?;
+                    }
+                }
             }
-            self.progress()?;
         }
         Ok(())
     }
@@ -611,7 +660,7 @@ impl VerbsRecv {
     /// `can_post` without reaping: room in every send queue, and for a receive with a CTS of
     /// `n` buffers its staging copy free and receives posted for its writes.
     fn room_for(&mut self, cts: bool, n: usize) -> Result<bool> {
-        if !(0..self.qps.len()).all(|q| self.gone(q) || self.book.room(q) >= 2) {
+        if self.c.failing() || !(0..self.qps.len()).all(|q| self.gone(q) || self.book.room(q) >= 2) {
             return Ok(false);
         }
         if !cts {

@@ -1,7 +1,7 @@
 //! The sending shell: reads the clear-to-send FIFO and the credit word the receiver writes into
 //! our memory, feeds them to the [`SendEngine`], and posts what it answers as work requests.
 
-use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, Drain, SqBook, KIND_CTRL, KIND_DRAIN, KIND_SEND, KIND_SHIFT, PART_SHIFT, REQ_MASK};
+use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, Drain, SqBook, DRAIN_WAIT, KIND_CTRL, KIND_DRAIN, KIND_SEND, KIND_SHIFT, PART_SHIFT, REQ_MASK};
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::Result;
 use crate::proto::send::{Close, Origin, RdvStep, Resend, RingSpec, SendEngine, SendPlan, SEND_REQS};
@@ -41,6 +41,14 @@ pub struct Parts {
     pub hdrs: Part,
 }
 
+/// What a sender's failover does once its queue pairs are drained.
+enum AfterDrain {
+    /// They were found failed here: name them to the receiver.
+    Tell,
+    /// The receiver named them: apply its account.
+    Account(crate::proto::verbs::Resync),
+}
+
 pub struct VerbsSend {
     // Field order is drop order: QPs before their CQ, and both before the memory they name.
     qps: Vec<QpRts>,
@@ -70,6 +78,13 @@ pub struct VerbsSend {
     map: [u8; MAX_QPS],
     synced: u32,
     in_failover: bool,
+    /// A failover's queue pairs draining (in ERR, their markers posted), and what follows.
+    draining: Option<(u32, Drain, AfterDrain)>,
+    /// Eager writes the receiver's account asks for again, in ring order (ring slot, header
+    /// buffer, header, request slot), posted before anything new as the send queue has room, by
+    /// the coarse ms in `resend_by`.
+    resend_eager: std::collections::VecDeque<(usize, usize, EagerHdr, Option<u16>)>,
+    resend_by: u64,
     /// Logical queue pairs wait to move back to a queue pair taken back (a part of theirs is
     /// half posted where they are).
     switching: bool,
@@ -137,6 +152,9 @@ impl VerbsSend {
             map: std::array::from_fn(|q| q as u8),
             synced: 0,
             in_failover: false,
+            draining: None,
+            resend_eager: std::collections::VecDeque::new(),
+            resend_by: 0,
             switching: false,
             part_qp: vec![[0; MAX_QPS]; SEND_REQS].into_boxed_slice(),
             inline_copy: vec![(0, [0; INLINE_COPY]); copies].into_boxed_slice(),
@@ -416,32 +434,50 @@ impl VerbsSend {
     /// Queue pairs found failed here, or named by the receiver, go to ERR and are drained (no
     /// completion of theirs comes after); those found here are named to the receiver, whose
     /// account (sent once its own are drained) says what of them arrived; the engine completes
-    /// what did and the rest is posted again on the queue pairs that live.
+    /// what did and the rest is posted again on the queue pairs that live. Resumable: a drain
+    /// not over yet, or writes waiting for room, are taken up again at the next call (new sends
+    /// wait meanwhile: `Common::failing`), so no call waits.
     fn fail_over_now(&mut self) -> Result<()> {
-        // Found here: drained, then named to the receiver (only these: a Fail that named ones
-        // failed over before could undo a take-back under way).
-        let found = self.c.failed & !self.c.qdead & self.c.all_qps();
-        if found != 0 {
-            self.drain(found)?;
-            self.c.failed_over(found);
-            self.c.notify(&Notice::Fail { dead: found })?;
-        }
-        // The receiver's notices, in the order it sent them.
-        while let Some(n) = self.c.notices.pop_front() {
-            match n {
-                Notice::Resync(r) => {
+        self.c.resolve()?;
+        loop {
+            if let Some((mask, wait, _)) = &mut self.draining {
+                let mask = *mask;
+                if !wait.done(&mut self.c)? {
+                    break;
+                }
+                let Some((_, _, then)) = self.draining.take() else { break };
+                self.c.failed_over(mask);
+                match then {
+                    AfterDrain::Tell => self.c.notify(&Notice::Fail { dead: mask })?,
+                    AfterDrain::Account(r) => self.apply_account(r)?,
+                }
+                continue;
+            }
+            // Found here: drained, then named to the receiver (only these: a Fail that named
+            // ones failed over before could undo a take-back under way).
+            let found = self.c.failed & !self.c.qdead & self.c.all_qps();
+            if found != 0 {
+                self.drain(found, AfterDrain::Tell)?;
+                continue;
+            }
+            // The receiver's notices, in the order it sent them.
+            match self.c.notices.pop_front() {
+                None => break,
+                Some(Notice::Resync(r)) => {
                     let named = r.dead & !self.c.qdead;
                     if named != 0 {
-                        self.drain(named)?;
-                        self.c.failed_over(named);
+                        self.drain(named, AfterDrain::Account(r))?;
+                    } else {
+                        self.apply_account(r)?;
                     }
-                    self.apply_account(r)?;
                 }
                 // Recovery: the receiver has reset its side of failed queue pairs.
-                Notice::Recover { qps } => self.take_back(qps)?,
-                _ => {} // a receiver's notice: not for a sender
+                Some(Notice::Recover { qps }) => self.take_back(qps)?,
+                Some(_) => {} // a receiver's notice: not for a sender
             }
         }
+        self.post_resends()?;
+        self.c.set_failing(self.draining.is_some() || !self.resend_eager.is_empty());
         Ok(())
     }
 
@@ -525,9 +561,10 @@ impl VerbsSend {
         self.resend(resend)
     }
 
-    /// Move queue pairs `mask` to ERR and wait (bounded) until each one's drain marker has
-    /// completed: every completion of theirs is then polled.
-    fn drain(&mut self, mask: u32) -> Result<()> {
+    /// Move queue pairs `mask` to ERR and post their drain markers: once each one's has
+    /// completed (a later call sees it: `fail_over_now`), every completion of theirs is polled,
+    /// and `then` follows.
+    fn drain(&mut self, mask: u32, then: AfterDrain) -> Result<()> {
         let ln = self.c.ports.len();
         for q in (0..self.qps.len()).filter(|&q| mask & (1 << q) != 0) {
             let port = self.c.ports[member_of(q, ln)];
@@ -540,28 +577,40 @@ impl VerbsSend {
                 return Err(self.c.post_failed_on(member_of(q, ln), self.qps[q].qp().qpn(), "posting the drain marker", rc));
             }
         }
-        let mut wait = Drain::new(mask);
-        loop {
-            let moved = wait.waiting(&self.c) && self.progress()?;
-            if wait.done(&mut self.c, moved)? {
-                return Ok(());
-            }
-        }
+        self.draining = Some((mask, Drain::new(mask), then));
+        self.c.set_failing(true);
+        Ok(())
     }
 
     /// Post what the receiver did not get: the eager writes, in ring order, on part 0's queue
     /// pair before any new one; the rendezvous parts, in order, as the send queues have room.
     fn resend(&mut self, r: Resend) -> Result<()> {
-        for (slot, hdr_slot, hdr, req) in r.eager {
-            let deadline = Common::drain_deadline();
+        self.resend_eager.extend(r.eager);
+        self.resend_by = crate::sys::clock::coarse_ms() + DRAIN_WAIT.as_millis() as u64;
+        for req in r.rdv {
+            let ready = self.ready[req as usize];
+            if !self.deferred[..self.ndeferred].iter().any(|d| d.0 == req) {
+                self.deferred[self.ndeferred] = (req, ready);
+                self.ndeferred += 1;
+            }
+        }
+        self.post_resends()
+    }
+
+    /// Post the eager writes to make again as far as part 0's send queue has room (the rest at
+    /// a later call, within DRAIN_WAIT), then the deferred rendezvous bytes.
+    fn post_resends(&mut self) -> Result<()> {
+        while let Some(&(slot, hdr_slot, hdr, req)) = self.resend_eager.front() {
             // (Not for a queue pair that fails meanwhile: the post is dropped, and the next
             // failover's account asks for it again.)
-            while !self.gone(self.map[0] as usize) && self.book.room(self.map[0] as usize) < MAX_POST {
-                if std::time::Instant::now() > deadline {
+            let q0 = self.map[0] as usize;
+            if !self.gone(q0) && self.book.room(q0) < MAX_POST {
+                if crate::sys::clock::coarse_ms() > self.resend_by {
                     return Err(self.c.drain_timeout(0));
                 }
-                self.progress()?;
+                return Ok(());
             }
+            self.resend_eager.pop_front();
             let copy = self.inline_copy.get(slot).filter(|c| c.0 > 0).map(|c| (c.0 as usize, c.1));
             match (copy, req) {
                 (Some((len, bytes)), _) => {
@@ -585,13 +634,6 @@ impl VerbsSend {
                 (None, None) => self.post_eager(slot, hdr_slot, hdr, (0, [0; MAX_MEMBERS]), KIND_CTRL << KIND_SHIFT, false).map(|_| ())?,
             }
         }
-        for req in r.rdv {
-            let ready = self.ready[req as usize];
-            if !self.deferred[..self.ndeferred].iter().any(|d| d.0 == req) {
-                self.deferred[self.ndeferred] = (req, ready);
-                self.ndeferred += 1;
-            }
-        }
         self.post_deferred()
     }
 
@@ -600,8 +642,12 @@ impl VerbsSend {
         (0..self.qps.len()).all(|q| self.gone(q) || self.book.room(q) >= MAX_POST)
     }
 
-    /// Post the deferred rendezvous bytes, oldest first, as far as the send queues have room.
+    /// Post the deferred rendezvous bytes, oldest first, as far as the send queues have room
+    /// (after the eager writes a failover makes again).
     fn post_deferred(&mut self) -> Result<()> {
+        if !self.resend_eager.is_empty() {
+            return Ok(());
+        }
         let mut done = 0;
         while done < self.ndeferred && self.room() {
             let (req, ready) = self.deferred[done];
@@ -613,14 +659,14 @@ impl VerbsSend {
         Ok(())
     }
 
-    /// Whether a new send may be posted now: nothing deferred and room in every send queue
-    /// (after reaping completions if there is not).
+    /// Whether a new send may be posted now: nothing deferred, no failover under way, and room
+    /// in every send queue (after reaping completions if there is not).
     fn can_post(&mut self) -> Result<bool> {
-        if self.ndeferred == 0 && self.room() {
+        if self.ndeferred == 0 && !self.c.failing() && self.room() {
             return Ok(true);
         }
         self.progress()?;
-        Ok(self.ndeferred == 0 && self.room())
+        Ok(self.ndeferred == 0 && !self.c.failing() && self.room())
     }
 
     fn back_pressure(&mut self) -> Result<Option<u32>> {
