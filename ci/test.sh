@@ -29,5 +29,7 @@ if [ "${RIVET_SKIP_VM:-0}" != 1 ]; then
   bash ci/vm-test.sh
   # Impaired links: loss, reordering, delay and jitter, duplication, corruption; link flaps.
   bash ci/vm-test.sh impair.sh
+  # The data path's instructions per call (callgrind, in the VM) against the committed budget.
+  python3 ci/bench_instr.py --iters 200 --budget ci/instr-budget.json
 fi
 echo "ci/test.sh: all tests passed"
