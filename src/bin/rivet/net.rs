@@ -335,6 +335,8 @@ impl Net {
 
     /// # Safety
     /// As for `try_isend`.
+    // Not inlined: ci/bench_instr.py counts the plugin's instructions per call under it.
+    #[inline(never)]
     pub unsafe fn isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
         // SAFETY: the caller's promise.
         self.post("isend", || unsafe { self.try_isend(sc, p, size, tag, mh) })
@@ -342,6 +344,8 @@ impl Net {
 
     /// # Safety
     /// As for `try_irecv_group`.
+    // Not inlined: ci/bench_instr.py counts the plugin's instructions per call under it.
+    #[inline(never)]
     pub unsafe fn irecv(&self, rc: *mut c_void, p: *mut u8, size: usize, tag: i32, mh: *mut c_void) -> Res<*mut c_void> {
         // SAFETY: the caller's promise.
         self.post("irecv", || unsafe { self.try_irecv_group(rc, &[(p, size, tag, mh)]) })
@@ -413,6 +417,8 @@ impl Net {
     }
 
     /// Some(size) once the request is done.
+    // Not inlined: ci/bench_instr.py counts the plugin's instructions per call under it.
+    #[inline(never)]
     pub fn test(&self, req: *mut c_void) -> Res<Option<usize>> {
         let mut size = [0i32; 1];
         Ok(self.test_n(req, &mut size)?.then_some(size[0] as usize))

@@ -305,6 +305,8 @@ const TRACE_COLUMNS: &str = "isend_start,isend_end,found_start,found_end,irecv_e
 
 /// Wait for one request after sleeping `settle`, timing its `test`s into `s` (when `timed`);
 /// the cycle counts at the start and the end of the `test` that found it done.
+// Not inlined: ci/bench_instr.py finds its tests by this caller.
+#[inline(never)]
 fn wait_timed(r: &Ring, req: *mut std::ffi::c_void, s: &mut Split, timed: bool, settle: Duration) -> Res<(u64, u64)> {
     if !settle.is_zero() {
         std::thread::sleep(settle);
