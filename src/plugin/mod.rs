@@ -333,21 +333,33 @@ pub unsafe fn irecv(
         return Err(Error::internal("irecv with a NULL data or tags array"));
     }
     let (t, mut c) = comm(rc, false)?;
-    let mut bufs = [RecvBuf::EMPTY; MAX_RECVS];
-    for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
+    // SAFETY (both branches): i < n, the caller's promise for `data`, `tags` and `mh`.
+    let buf = |c: &mut Comm, i: usize| -> Result<RecvBuf> {
         let size = size_of(i)?;
-        // SAFETY: i < n, the caller's promise for `data`, `tags` and `mh`.
-        let (ptr, tag, mr) = unsafe { (*data.add(i) as *mut u8, *tags.add(i), mr_at(&mut c, mh, i)?) };
+        // SAFETY: as above.
+        let (ptr, tag, mr) = unsafe { (*data.add(i) as *mut u8, *tags.add(i), mr_at(c, mh, i)?) };
         if ptr.is_null() && size > 0 {
             return Err(Error::internal(format!("irecv buffer {i} of {size} bytes is NULL")));
         }
         // SAFETY: the caller's promise for the buffer is Lent's.
-        *b = RecvBuf { buf: unsafe { Lent::new(ptr, size) }, tag, mr };
-    }
-    let slot = c.conn.irecv(&bufs[..n as usize])?;
+        Ok(RecvBuf { buf: unsafe { Lent::new(ptr, size) }, tag, mr })
+    };
+    // One buffer (most receives) without making the other seven (each holds a registration).
+    let (one, mut bufs);
+    let posted: &[RecvBuf] = if n == 1 {
+        one = [buf(&mut c, 0)?];
+        &one
+    } else {
+        bufs = [RecvBuf::EMPTY; MAX_RECVS];
+        for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
+            *b = buf(&mut c, i)?;
+        }
+        &bufs[..n as usize]
+    };
+    let slot = c.conn.irecv(posted)?;
     if !ph.is_null() {
         // SAFETY: a non-NULL `ph` holds `n` handles (the caller's promise).
-        let phs = (0..n as usize).map(|i| (bufs[i].buf.len(), profile::Phandle(unsafe { *ph.add(i) } as usize)));
+        let phs = (0..n as usize).map(|i| (posted[i].buf.len(), profile::Phandle(unsafe { *ph.add(i) } as usize)));
         c.profile_start(slot, phs);
     }
     drop(c);

@@ -303,7 +303,10 @@ impl Staged {
     }
 }
 
+// The data path's calls of a request the transport holds (every one not staged) are inline in
+// the core's calls, with the rest out of line: this layer costs an unstaged message a few checks.
 impl Conn for Staged {
+    #[inline]
     fn isend(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
         let path = path_of(mr);
         let size = data.len();
@@ -318,6 +321,7 @@ impl Conn for Staged {
         self.isend_managed(data, tag, mr)
     }
 
+    #[inline]
     fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
         if !bufs.iter().any(|b| path_of(b.mr.as_ref()) == Path::Staged) {
             let r = self.inner.irecv(bufs)?;
@@ -329,6 +333,54 @@ impl Conn for Staged {
             }
             return Ok(r);
         }
+        self.irecv_managed(bufs)
+    }
+
+    fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+        // Staged receives are complete once their host → device copy is: nothing to flush.
+        let mut rest = [RecvBuf::EMPTY; MAX_RECVS];
+        let mut n = 0;
+        for b in bufs.iter().filter(|b| path_of(b.mr.as_ref()) != Path::Staged) {
+            rest[n] = *b;
+            n += 1;
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        self.inner.iflush(&rest[..n])
+    }
+
+    #[inline]
+    fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
+        if !self.queue.is_empty() || !self.partial.is_empty() {
+            self.progress_sends()?;
+        }
+        // A request the transport holds (every one not staged): straight through, the rest out
+        // of line, off the path of every message that is not staged.
+        let slot = slot as usize;
+        if slot >= self.icap {
+            return self.test_managed(slot - self.icap, sizes);
+        }
+        let r = self.inner.test(slot as u32, sizes)?;
+        if let (Some(n), false, true) = (r, self.send, self.stats_on) {
+            self.count_received(slot, n, sizes);
+        }
+        Ok(r)
+    }
+
+    fn capacity(&self) -> usize {
+        self.icap + MANAGED
+    }
+
+    fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
+        self.inner.net_events(size, out)
+    }
+}
+
+impl Staged {
+    /// `irecv` with staged buffers: each lands in a bounce buffer first.
+    #[inline(never)]
+    fn irecv_managed(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
         let Some(m) = self.take_slot() else { return Ok(None) };
         let mut staged: [Option<(usize, Bounce)>; MAX_RECVS] = Default::default();
         let mut posted = [RecvBuf::EMPTY; MAX_RECVS];
@@ -375,47 +427,6 @@ impl Conn for Staged {
         }
     }
 
-    fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
-        // Staged receives are complete once their host → device copy is: nothing to flush.
-        let mut rest = [RecvBuf::EMPTY; MAX_RECVS];
-        let mut n = 0;
-        for b in bufs.iter().filter(|b| path_of(b.mr.as_ref()) != Path::Staged) {
-            rest[n] = *b;
-            n += 1;
-        }
-        if n == 0 {
-            return Ok(None);
-        }
-        self.inner.iflush(&rest[..n])
-    }
-
-    fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
-        if !self.queue.is_empty() || !self.partial.is_empty() {
-            self.progress_sends()?;
-        }
-        // A request the transport holds (every one not staged): straight through, the rest out
-        // of line, off the path of every message that is not staged.
-        let slot = slot as usize;
-        if slot >= self.icap {
-            return self.test_managed(slot - self.icap, sizes);
-        }
-        let r = self.inner.test(slot as u32, sizes)?;
-        if let (Some(n), false, true) = (r, self.send, self.stats_on) {
-            self.count_received(slot, n, sizes);
-        }
-        Ok(r)
-    }
-
-    fn capacity(&self) -> usize {
-        self.icap + MANAGED
-    }
-
-    fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
-        self.inner.net_events(size, out)
-    }
-}
-
-impl Staged {
     /// `isend` of a send this layer manages: staged (GPU memory the NIC does not reach), or
     /// waiting behind one.
     #[inline(never)]
