@@ -7,7 +7,7 @@ use crate::config;
 use crate::error::{Error, Result};
 use crate::handles::{Kind, Token};
 use crate::proto::{self, Handle, HANDLE_SIZE};
-use crate::transport::{self, socket, Dialing, Listening};
+use crate::transport::{self, oob, Dialing, Listening};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
@@ -182,7 +182,7 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
         }
         let c = d.connect(&h, traffic_class)?;
         let p = Box::into_raw(Box::new(Stage(c, dev)));
-        let cookie = socket::random_u64();
+        let cookie = oob::random_u64();
         stage_register(p as usize, cookie);
         proto::stage_set(buf, p as u64, cookie);
         g.by_stage.get_or_insert_with(HashMap::new).insert(p as usize, Connecting { cookie, last: now, peer: h.addr });

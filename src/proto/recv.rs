@@ -174,10 +174,6 @@ impl RecvEngine {
         let n = bufs.len().clamp(1, MAX_GROUP);
         let Some(req) = self.free.pop() else { return RecvPlan::Busy };
         let base = self.next_base;
-        let mut entries = [Entry::default(); MAX_GROUP];
-        for (e, b) in entries.iter_mut().zip(bufs) {
-            e.spec = *b;
-        }
         let mut cts = None;
         let cts_index = self.cts_tail;
         if bufs.iter().any(|b| b.size > self.eager_max as u64) {
@@ -192,7 +188,13 @@ impl RecvEngine {
             self.cts_owner[slot] = req;
             self.cts_tail += 1;
         }
-        self.reqs[req as usize] = RecvReq { posted: true, flush: false, cts: cts.is_some(), n: n as u8, left: n as u8, base, cts_index, entries };
+        // In place, and only its `n` entries: the rest of the slot is never read (every look at a
+        // receive's entries stops at its `n`).
+        let r = &mut self.reqs[req as usize];
+        (r.posted, r.flush, r.cts, r.n, r.left, r.base, r.cts_index) = (true, false, cts.is_some(), n as u8, n as u8, base, cts_index);
+        for (e, b) in r.entries.iter_mut().zip(&bufs[..n]) {
+            *e = Entry { spec: *b, ..Entry::default() };
+        }
         self.next_base = base.wrapping_add(n as u32);
         self.order.push_back(req);
         RecvPlan::Posted { req, cts }
@@ -277,7 +279,11 @@ impl RecvEngine {
             .map(|r| ResyncRecv {
                 cts: r.cts_index,
                 n: r.n,
-                parts: std::array::from_fn(|e| if r.entries[e].done { full } else { r.entries[e].parts }),
+                parts: std::array::from_fn(|e| match r.entries.get(e).filter(|_| e < r.n as usize) {
+                    Some(en) if en.done => full,
+                    Some(en) => en.parts,
+                    None => 0,
+                }),
             })
             .collect();
         Resync { dead, ring_arrived: self.ring_arrived, cts_end: self.cts_tail, recvs }

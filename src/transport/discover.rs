@@ -2,7 +2,8 @@
 //! rest of the port selection, see `verbs::dev`), else TCP on the interfaces NCCL_SOCKET_IFNAME
 //! selects.
 
-use super::socket::{ifaces, TcpDevice};
+use super::oob::ifaces;
+use super::socket::TcpDevice;
 use super::verbs::{self, VerbsDevice};
 use super::Transport;
 use crate::config::{self, Config};

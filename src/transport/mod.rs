@@ -4,6 +4,7 @@
 //! transport (`verbs`) implement both; [`discover`] picks which one a host uses.
 
 pub mod discover;
+pub mod oob;
 pub mod socket;
 pub mod verbs;
 

@@ -4,7 +4,7 @@
 //! is preallocated, so posting and completing a message allocates nothing.
 
 use super::helper::{Helper, Part, Shared};
-use super::sock::{self, Io};
+use crate::transport::oob::sock::{self, Io};
 use crate::error::{Error, Result};
 use crate::proto::{split, MsgHeader, MSG_HDR_SIZE};
 use crate::transport::{Conn, Lent, MrInfo, RecvBuf, MAX_RECVS};

@@ -1,8 +1,9 @@
 //! A TCP interface as a [`Transport`]: listen and connect with the socket handshake, registration
 //! that only records the range, and GPU buffers through the staging engine (RIVET_SOCKET_CUDA=1).
 
-use super::ifaces::Iface;
-use super::{Connector, Link, Listener, RecvConn, SendConn};
+use super::{RecvConn, SendConn};
+use crate::transport::oob::ifaces::Iface;
+use crate::transport::oob::{Connector, Link, Listener};
 use crate::config;
 use crate::error::{Error, Result};
 use crate::gpu::staging::{NoRegistration, Registrar};

@@ -10,7 +10,7 @@
 //! stop flag promptly; the comm joins its helpers when it closes, before any buffer or socket
 //! goes away (nothing runs after NCCL dlcloses the plugin).
 
-use super::sock::{self, Io};
+use crate::transport::oob::sock::{self, Io};
 use crate::error::Error;
 use std::collections::VecDeque;
 use std::net::SocketAddr;

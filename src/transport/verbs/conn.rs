@@ -14,7 +14,7 @@
 use super::dev::IbPort;
 use super::res::{Cq, QpRts};
 use crate::error::{Error, Kind, Result};
-use super::oob::{self, PeerState};
+use crate::transport::oob::pulse::{self as oob, PeerState};
 use crate::proto::verbs::{Mismatch, Notice, EAGER_HDR, MAX_NOTICE};
 use crate::proto::{Explain, ProtoError};
 use crate::sys::ib::*;
@@ -904,7 +904,7 @@ impl Common {
         // reported once): it says what the peer's state is from then on.
         match &self.oob_end {
             Some(None) => PeerState::Gone,
-            Some(Some(e)) if crate::transport::socket::sock::host_unreachable(e) => {
+            Some(Some(e)) if crate::transport::oob::sock::host_unreachable(e) => {
                 PeerState::Unreachable(e.raw_os_error().map_or_else(|| std::io::Error::from(e.kind()), std::io::Error::from_raw_os_error))
             }
             Some(Some(_)) => PeerState::Gone,

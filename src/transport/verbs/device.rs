@@ -12,8 +12,8 @@ use crate::gpu::staging::Registrar;
 use crate::gpu::{cuda, gdr};
 use crate::proto::{Handle, TRANSPORT_VERBS};
 use crate::topo::Topology;
-use crate::transport::socket::ifaces::Iface;
-use crate::transport::socket::{Connector, Listener};
+use crate::transport::oob::ifaces::Iface;
+use crate::transport::oob::{Connector, Listener};
 use crate::transport::{pci_text, Conn, DevInfo, Dialing, GpuRoute, Listening, Path, PtrSupport, Registered, Registration, Transport};
 use std::ffi::CString;
 

@@ -31,7 +31,7 @@ pub fn peer_state(fd: &OwnedFd) -> PeerState {
     let e = std::io::Error::last_os_error();
     match e.raw_os_error() {
         Some(libc::EAGAIN) | Some(libc::EINTR) => PeerState::Alive,
-        _ if crate::transport::socket::sock::host_unreachable(&e) => PeerState::Unreachable(e),
+        _ if super::sock::host_unreachable(&e) => PeerState::Unreachable(e),
         _ => PeerState::Gone,
     }
 }
