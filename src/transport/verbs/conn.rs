@@ -96,6 +96,45 @@ const _: () = assert!(RECV_QP_RQ as usize >= RING_SLOTS + crate::proto::recv::RE
 /// small (inline room is part of every slot: on rxe 48 keeps a slot at 256 bytes, 64 doubles
 /// it). A group of CTS entries (64 bytes and more) is read from registered memory.
 pub const SEND_INLINE: u32 = 48;
+/// What a connection's shells run with, read from the configuration once, at setup: the shells
+/// read no global configuration themselves (a simulator hands them its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub depths: Depths,
+    /// NCCL_IB_RESILIENCY_PORT_FAILOVER (where the comm has a queue pair to fail over to).
+    pub failover: bool,
+    /// NCCL_IB_RESILIENCY_PORT_RECOVERY, its start delay (ms) and its attempts.
+    pub recovery: bool,
+    pub recovery_delay_ms: u64,
+    pub recovery_attempts: u32,
+    /// NCCL_IB_RETURN_ASYNC_EVENTS: a fatal asynchronous event fails the comm (else it is logged).
+    pub return_async_events: bool,
+    /// NCCL_IB_AR_THRESHOLD: messages above it are split from their completion under adaptive
+    /// routing.
+    pub ar_threshold: usize,
+    /// NCCL_GDR_FLUSH_DISABLE.
+    pub flush_disable: bool,
+    /// RIVET_STATS: counts reported at close.
+    pub stats: bool,
+}
+
+impl Settings {
+    pub fn from_config() -> Settings {
+        let c = crate::config::get();
+        Settings {
+            depths: Depths::get(),
+            failover: c.ib_failover,
+            recovery: c.ib_recovery,
+            recovery_delay_ms: c.ib_recovery_delay_ms,
+            recovery_attempts: c.ib_recovery_attempts,
+            return_async_events: c.ib_return_async_events,
+            ar_threshold: c.ib_ar_threshold,
+            flush_disable: c.gdr_flush_disable,
+            stats: c.stats,
+        }
+    }
+}
+
 /// The depths a comm's queues are made with: the constants above, or with RIVET_IB_MIN_QUEUES=1
 /// (a test setting) the shallowest the protocol allows, so that tests reach back-pressure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -326,6 +365,8 @@ pub struct Common {
     ndata: usize,
     /// Failover (NCCL_IB_RESILIENCY_PORT_FAILOVER), where the comm has a queue pair to fail over to.
     pub(super) failover: bool,
+    /// What the connection runs with.
+    pub(super) set: Settings,
     /// Data queue pairs found failed and not yet failed over (bit q), and those failed over
     /// (in ERR, drained).
     pub(super) failed: u32,
@@ -394,7 +435,7 @@ pub struct Common {
 
 impl Drop for Common {
     fn drop(&mut self) {
-        if !crate::config::get().stats {
+        if !self.set.stats {
             return;
         }
         if self.waits > 0 {
@@ -422,7 +463,7 @@ impl Common {
         }
     }
 
-    pub fn new(ports: &'static [&'static IbPort], peer: SocketAddr, oob: OwnedFd, qpns: &[u32]) -> Common {
+    pub fn new(ports: &'static [&'static IbPort], peer: SocketAddr, oob: OwnedFd, qpns: &[u32], set: Settings) -> Common {
         let mut q = [0u32; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS];
         let mut qm = [0u8; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS];
         let n = qpns.len().min(q.len());
@@ -437,7 +478,8 @@ impl Common {
             qp_member: qm,
             nqpns: n,
             ndata: n,
-            failover: crate::config::get().ib_failover && n > 1,
+            failover: set.failover && n > 1,
+            set,
             failed: 0,
             qdead: 0,
             causes: Vec::new(),
@@ -763,16 +805,16 @@ impl Common {
     /// again, NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY since they failed (or since the last
     /// attempt), fewer than NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX attempts.
     pub(super) fn recoverable_now(&self) -> u32 {
-        let cfg = crate::config::get();
-        if !cfg.ib_recovery || self.qdead == 0 || self.dead.is_some() {
+        let cfg = &self.set;
+        if !cfg.recovery || self.qdead == 0 || self.dead.is_some() {
             return 0;
         }
         let now = crate::sys::clock::coarse_ms();
         (0..self.ndata)
             .filter(|&q| {
                 self.qdead & (1 << q) != 0
-                    && now.saturating_sub(self.failed_at[q]) >= cfg.ib_recovery_delay_ms
-                    && self.attempts[q] < cfg.ib_recovery_attempts
+                    && now.saturating_sub(self.failed_at[q]) >= cfg.recovery_delay_ms
+                    && self.attempts[q] < cfg.recovery_attempts
                     && self.port_up(q)
             })
             .fold(0, |m, q| m | 1 << q)
@@ -1009,7 +1051,7 @@ impl Common {
         }
         self.last_check = now;
         // NCCL_IB_RETURN_ASYNC_EVENTS=0: fatal events are only logged (by poll_events), as net_ib.
-        let fail_on_events = crate::config::get().ib_return_async_events;
+        let fail_on_events = self.set.return_async_events;
         for (m, p) in self.ports.iter().enumerate() {
             let dev = &p.dev;
             dev.poll_events_at(now);

@@ -2,7 +2,7 @@
 //! sender writes into events for the [`RecvEngine`], and posts what it answers (clear-to-send
 //! groups, credit words, flush reads) as work requests; copies eager payloads out of the ring.
 
-use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, Drain, SqBook, DRAIN_WAIT, KIND_CTRL, KIND_DRAIN, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RING_SLOTS};
+use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Drain, SqBook, DRAIN_WAIT, KIND_CTRL, KIND_DRAIN, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RING_SLOTS};
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
@@ -158,7 +158,7 @@ impl VerbsRecv {
     ) -> VerbsRecv {
         let mut eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, Origin::default());
         eng.set_parts(nparts);
-        let depths = Depths::get();
+        let depths = c.set.depths;
         VerbsRecv {
             copies: EagerCopies::default(),
             qps,
@@ -822,7 +822,7 @@ impl Conn for VerbsRecv {
 
     fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
         self.c.check()?;
-        if crate::config::get().gdr_flush_disable {
+        if self.c.set.flush_disable {
             return Ok(None);
         }
         let Some(b) = bufs.iter().rev().find(|b| !b.buf.is_empty()) else { return Ok(None) };
@@ -889,7 +889,7 @@ impl Conn for VerbsRecv {
     }
 
     fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
-        let ar_split = self.ar && size > crate::config::get().ib_ar_threshold;
+        let ar_split = self.ar && size > self.c.set.ar_threshold;
         super::conn::plan_events(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar_split, out);
     }
 }

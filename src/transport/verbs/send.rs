@@ -1,7 +1,7 @@
 //! The sending shell: reads the clear-to-send FIFO and the credit word the receiver writes into
 //! our memory, feeds them to the [`SendEngine`], and posts what it answers as work requests.
 
-use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Depths, Drain, SqBook, DRAIN_WAIT, KIND_CTRL, KIND_DRAIN, KIND_SEND, KIND_SHIFT, PART_SHIFT, REQ_MASK};
+use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Drain, SqBook, DRAIN_WAIT, KIND_CTRL, KIND_DRAIN, KIND_SEND, KIND_SHIFT, PART_SHIFT, REQ_MASK};
 use super::res::{Cq, Part, QpRts, RegBuf};
 use crate::error::Result;
 use crate::proto::send::{Close, Origin, RdvStep, Resend, RingSpec, SendEngine, SendPlan, SEND_REQS};
@@ -129,7 +129,7 @@ impl VerbsSend {
         nparts: usize,
     ) -> VerbsSend {
         let mut eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, Origin::default());
-        eng.set_adaptive_routing(c.adaptive_routing().then_some(crate::config::get().ib_ar_threshold));
+        eng.set_adaptive_routing(c.adaptive_routing().then_some(c.set.ar_threshold));
         eng.set_parts(nparts);
         let keyed = if rem_members > 1 { FIFO_DEPTH * MAX_GROUP } else { 0 };
         let copies = if c.failover { ring.slots } else { 0 };
@@ -160,7 +160,7 @@ impl VerbsSend {
             inline_copy: vec![(0, [0; INLINE_COPY]); copies].into_boxed_slice(),
             inline_room: if copies > 0 { inline_all.min(INLINE_COPY) } else { inline_all },
             // One work request of each send queue is kept for a failover's drain marker.
-            book: SqBook::new(Depths::get().send_sq - 1),
+            book: SqBook::new(c.set.depths.send_sq - 1),
             deferred: vec![(0, 0); SEND_REQS].into_boxed_slice(),
             ndeferred: 0,
             eager_run: 0,
