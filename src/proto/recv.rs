@@ -28,7 +28,7 @@ pub struct RecvSpec {
 }
 
 /// A clear-to-send group to RDMA-write into the sender's FIFO slot `slot`, on queue pair `q`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CtsPlan {
     pub slot: usize,
     pub q: usize,
@@ -36,15 +36,15 @@ pub struct CtsPlan {
     pub entries: [Cts; MAX_GROUP],
 }
 
-// Returned by value on the data path (no allocation); the group is 256 bytes.
-#[allow(clippy::large_enum_variant)]
+/// Small, so that it returns in registers: the group a receive with a CTS writes (256 bytes of
+/// entries) stays in the engine, for [`RecvEngine::cts_plan`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecvPlan {
     /// No request slot free: NCCL gets a NULL request and retries.
     Busy,
-    /// Posted as request `req`; write `cts` first where the receive has a buffer above the eager
-    /// limit.
-    Posted { req: u16, cts: Option<CtsPlan> },
+    /// Posted as request `req`; with `cts` (the receive has a buffer above the eager limit),
+    /// write [`RecvEngine::cts_plan`]'s group first.
+    Posted { req: u16, cts: bool },
 }
 
 /// What to do with the next arrived eager ring slot.
@@ -104,6 +104,8 @@ pub struct RecvEngine {
     next_base: u32,
     /// Clear-to-send entries written so far.
     cts_tail: u64,
+    /// The CTS group of the last receive posted with one.
+    plan: CtsPlan,
     /// The receive each FIFO slot's group belongs to.
     cts_owner: Box<[u16]>,
     /// Eager slots arrived (in order), matched, and released to the sender.
@@ -145,6 +147,7 @@ impl RecvEngine {
             eager_max,
             next_base: origin.seq,
             cts_tail: origin.cts,
+            plan: CtsPlan::default(),
             cts_owner: vec![0u16; FIFO_DEPTH].into_boxed_slice(),
             ring_arrived: 0,
             ring_done: 0,
@@ -174,30 +177,34 @@ impl RecvEngine {
         let n = bufs.len().clamp(1, MAX_GROUP);
         let Some(req) = self.free.pop() else { return RecvPlan::Busy };
         let base = self.next_base;
-        let mut cts = None;
         let cts_index = self.cts_tail;
-        if bufs.iter().any(|b| b.size > self.eager_max as u64) {
+        let cts = bufs.iter().any(|b| b.size > self.eager_max as u64);
+        if cts {
             let slot = (self.cts_tail % FIFO_DEPTH as u64) as usize;
             let stamp = (self.cts_tail + 1) as u32;
-            let mut out = [Cts::default(); MAX_GROUP];
-            for (o, b) in out.iter_mut().zip(&bufs[..n]) {
+            let p = &mut self.plan;
+            (p.slot, p.q, p.n) = (slot, (self.cts_tail % self.nqps as u64) as usize, n);
+            for (o, b) in p.entries.iter_mut().zip(&bufs[..n]) {
                 *o = Cts::new(b.addr, b.size, b.rkey, b.tag, n, base, stamp);
             }
-            let q = (self.cts_tail % self.nqps as u64) as usize;
-            cts = Some(CtsPlan { slot, q, n, entries: out });
             self.cts_owner[slot] = req;
             self.cts_tail += 1;
         }
         // In place, and only its `n` entries: the rest of the slot is never read (every look at a
         // receive's entries stops at its `n`).
         let r = &mut self.reqs[req as usize];
-        (r.posted, r.flush, r.cts, r.n, r.left, r.base, r.cts_index) = (true, false, cts.is_some(), n as u8, n as u8, base, cts_index);
+        (r.posted, r.flush, r.cts, r.n, r.left, r.base, r.cts_index) = (true, false, cts, n as u8, n as u8, base, cts_index);
         for (e, b) in r.entries.iter_mut().zip(&bufs[..n]) {
             *e = Entry { spec: *b, ..Entry::default() };
         }
         self.next_base = base.wrapping_add(n as u32);
         self.order.push_back(req);
         RecvPlan::Posted { req, cts }
+    }
+
+    /// The CTS group of the last receive [`post`](Self::post) answered with `cts`.
+    pub fn cts_plan(&self) -> &CtsPlan {
+        &self.plan
     }
 
     /// The FIFO slot the next receive's CTS group will be written from (and to).
@@ -506,7 +513,8 @@ mod tests {
     #[test]
     fn an_immediate_naming_a_slot_beyond_the_fifo_is_stray() {
         let mut eng = RecvEngine::new(1, 8, 1024, Origin { seq: 0, cts: 0 });
-        let RecvPlan::Posted { cts: Some(c), .. } = eng.post(&[big(&eng)]) else { panic!("no clear-to-send") };
+        let RecvPlan::Posted { cts: true, .. } = eng.post(&[big(&eng)]) else { panic!("no clear-to-send") };
+        let c = *eng.cts_plan();
         // The same slot plus FIFO_DEPTH names no buffer, though it wraps onto the posted one.
         let stray = (c.slot + FIFO_DEPTH) as u32;
         assert!(matches!(eng.on_rdv_imm(stray, 0, 0, 1), Err(ProtoError::StrayImm { .. })));

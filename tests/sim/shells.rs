@@ -567,7 +567,8 @@ impl Recv {
         match self.eng.post(&specs) {
             RecvPlan::Busy => {}
             RecvPlan::Posted { req, cts } => {
-                if let Some(p) = cts {
+                if cts {
+                    let p = *self.eng.cts_plan();
                     self.post_cts(sim, &p);
                 }
                 self.inflight.push((req, g, offs[g].clone()));

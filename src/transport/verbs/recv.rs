@@ -679,6 +679,63 @@ impl VerbsRecv {
         Ok(true)
     }
 
+    /// `irecv` with room for `bufs`' specs and keys (a fused device's keys of each buffer on
+    /// every member: the CTS entry carries them).
+    #[inline(always)]
+    fn irecv_into(&mut self, bufs: &[RecvBuf], specs: &mut [RecvSpec], keys: &mut [CtsKeys]) -> Result<Option<u32>> {
+        self.c.check()?;
+        let n = bufs.len().min(specs.len());
+        let dev = members_id(self.c.ports);
+        let ln = self.c.ports.len();
+        for ((s, k), b) in specs.iter_mut().zip(keys.iter_mut()).zip(&bufs[..n]) {
+            let (addr, size) = (b.buf.addr(), b.buf.len());
+            let rkeys = if size > 0 { mr_for(b.mr.as_ref(), addr, size, dev, ln, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkeys() } else { [0; MAX_MEMBERS] };
+            *k = CtsKeys(rkeys);
+            *s = RecvSpec { addr: addr as u64, size: size as u64, rkey: rkeys[0], tag: b.tag, gpu: path_of(b.mr.as_ref()) == Path::Gdr };
+        }
+        if !self.can_post(&specs[..n])? {
+            // The send queues are full, or a CTS now could bring more writes than receives are
+            // posted: not yet.
+            self.c.waits += 1;
+            self.idle()?;
+            return Ok(None);
+        }
+        let RecvPlan::Posted { req, cts } = self.eng.post(&specs[..n]) else { return Ok(None) };
+        if let Some(k) = self.keys.get_mut(req as usize) {
+            k[..n].copy_from_slice(&keys[..n]);
+        }
+        if cts {
+            let p = self.eng.cts_plan();
+            let (slot, pq, pn) = (p.slot, p.q, p.n);
+            // Each entry takes its stride: [keys on every member, if fused][the 32-byte entry].
+            let stride = cts_stride(ln);
+            let stage = slot % CTS_STAGES;
+            let off = stage * MAX_GROUP * stride;
+            for (i, e) in p.entries[..p.n].iter().enumerate() {
+                // SAFETY: stage < CTS_STAGES and i < MAX_GROUP: inside the staging copies
+                // (cts_stage_bytes(ln)), our own memory, 32-byte aligned (carve aligns to 64);
+                // the NIC no longer reads this copy: the previous write from it went inline or is
+                // known complete (`can_post` looked at `cts_reading`).
+                unsafe {
+                    let at = self.cts_out.ptr().add(off + i * stride);
+                    if ln > 1 {
+                        (at as *mut CtsKeys).write(keys[i]);
+                    }
+                    (at.add(stride - std::mem::size_of::<Cts>()) as *mut Cts).write(*e);
+                }
+            }
+            let out = self.cts_out;
+            let remote = self.rem_fifo_addr + (slot * MAX_GROUP * stride) as u64;
+            let q = self.map[pq] as usize;
+            let inline = self.post_ctrl(q, out.addr() + off as u64, |m| out.lkey_on(m), pn * stride, remote, false)?;
+            self.cts_reading[stage] = if inline { None } else { Some((q as u8, self.book.last_place(q))) };
+        }
+        // Eager messages that arrived before this receive, and the credit due.
+        self.drain_ring()?;
+        self.write_credit()?;
+        Ok(Some(req as u32))
+    }
+
     /// Reap completions and act on them; whether any came. Inline up to an empty poll of a
     /// quiet comm (every idle `test`), the rest out of line.
     #[inline]
@@ -766,58 +823,13 @@ impl VerbsRecv {
 
 impl Conn for VerbsRecv {
     fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
-        self.c.check()?;
-        let n = bufs.len().min(MAX_RECVS);
-        let dev = members_id(self.c.ports);
-        let ln = self.c.ports.len();
-        let mut specs = [RecvSpec::default(); MAX_RECVS];
-        // A fused device's keys of each buffer on every member (the CTS entry carries them).
-        let mut keys = [CtsKeys::default(); MAX_RECVS];
-        for ((s, k), b) in specs.iter_mut().zip(keys.iter_mut()).zip(&bufs[..n]) {
-            let (addr, size) = (b.buf.addr(), b.buf.len());
-            let rkeys = if size > 0 { mr_for(b.mr.as_ref(), addr, size, dev, ln, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkeys() } else { [0; MAX_MEMBERS] };
-            *k = CtsKeys(rkeys);
-            *s = RecvSpec { addr: addr as u64, size: size as u64, rkey: rkeys[0], tag: b.tag, gpu: path_of(b.mr.as_ref()) == Path::Gdr };
+        // One buffer (most receives) without making the other seven's specs and keys.
+        if let [_] = bufs {
+            let (mut specs, mut keys) = ([RecvSpec::default(); 1], [CtsKeys::default(); 1]);
+            return self.irecv_into(bufs, &mut specs, &mut keys);
         }
-        if !self.can_post(&specs[..n])? {
-            // The send queues are full, or a CTS now could bring more writes than receives are
-            // posted: not yet.
-            self.c.waits += 1;
-            self.idle()?;
-            return Ok(None);
-        }
-        let RecvPlan::Posted { req, cts } = self.eng.post(&specs[..n]) else { return Ok(None) };
-        if let Some(k) = self.keys.get_mut(req as usize) {
-            k[..n].copy_from_slice(&keys[..n]);
-        }
-        if let Some(p) = cts {
-            // Each entry takes its stride: [keys on every member, if fused][the 32-byte entry].
-            let stride = cts_stride(ln);
-            let stage = p.slot % CTS_STAGES;
-            let off = stage * MAX_GROUP * stride;
-            for (i, e) in p.entries[..p.n].iter().enumerate() {
-                // SAFETY: stage < CTS_STAGES and i < MAX_GROUP: inside the staging copies
-                // (cts_stage_bytes(ln)), our own memory, 32-byte aligned (carve aligns to 64);
-                // the NIC no longer reads this copy: the previous write from it went inline or is
-                // known complete (`can_post` looked at `cts_reading`).
-                unsafe {
-                    let at = self.cts_out.ptr().add(off + i * stride);
-                    if ln > 1 {
-                        (at as *mut CtsKeys).write(keys[i]);
-                    }
-                    (at.add(stride - std::mem::size_of::<Cts>()) as *mut Cts).write(*e);
-                }
-            }
-            let out = self.cts_out;
-            let remote = self.rem_fifo_addr + (p.slot * MAX_GROUP * stride) as u64;
-            let q = self.map[p.q] as usize;
-            let inline = self.post_ctrl(q, out.addr() + off as u64, |m| out.lkey_on(m), p.n * stride, remote, false)?;
-            self.cts_reading[stage] = if inline { None } else { Some((q as u8, self.book.last_place(q))) };
-        }
-        // Eager messages that arrived before this receive, and the credit due.
-        self.drain_ring()?;
-        self.write_credit()?;
-        Ok(Some(req as u32))
+        let (mut specs, mut keys) = ([RecvSpec::default(); MAX_RECVS], [CtsKeys::default(); MAX_RECVS]);
+        self.irecv_into(bufs, &mut specs, &mut keys)
     }
 
     fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
