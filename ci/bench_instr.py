@@ -34,18 +34,18 @@ HARNESS = [("isend", "rivet::net::Net::isend"), ("irecv", "rivet::net::Net::irec
 LAYERS = [
     "nccl_net_rivet::abi::common::isend_p", "nccl_net_rivet::plugin::isend",
     "<nccl_net_rivet::gpu::staging::Staged as nccl_net_rivet::transport::Conn>::isend",
-    "<nccl_net_rivet::transport::verbs::send::VerbsSend as nccl_net_rivet::transport::Conn>::isend_partial",
-    "nccl_net_rivet::transport::verbs::send::VerbsSend::post_eager",
+    "<nccl_net_rivet::transport::verbs::send::VerbsSend<N> as nccl_net_rivet::transport::Conn>::isend_partial",
+    "nccl_net_rivet::transport::verbs::send::VerbsSend<N>::post_eager",
     "nccl_net_rivet::abi::common::irecv_p", "nccl_net_rivet::plugin::irecv",
-    "<nccl_net_rivet::transport::verbs::recv::VerbsRecv as nccl_net_rivet::transport::Conn>::irecv",
+    "<nccl_net_rivet::transport::verbs::recv::VerbsRecv<N> as nccl_net_rivet::transport::Conn>::irecv",
     "nccl_net_rivet::abi::common::test", "nccl_net_rivet::plugin::test",
     "<nccl_net_rivet::gpu::staging::Staged as nccl_net_rivet::transport::Conn>::test",
-    "<nccl_net_rivet::transport::verbs::recv::VerbsRecv as nccl_net_rivet::transport::Conn>::test",
-    "<nccl_net_rivet::transport::verbs::send::VerbsSend as nccl_net_rivet::transport::Conn>::test",
-    "nccl_net_rivet::transport::verbs::recv::VerbsRecv::progress",
-    "nccl_net_rivet::transport::verbs::conn::Common::poll",
-    "nccl_net_rivet::transport::verbs::recv::VerbsRecv::drain_ring",
-    "nccl_net_rivet::transport::verbs::recv::VerbsRecv::idle",
+    "<nccl_net_rivet::transport::verbs::recv::VerbsRecv<N> as nccl_net_rivet::transport::Conn>::test",
+    "<nccl_net_rivet::transport::verbs::send::VerbsSend<N> as nccl_net_rivet::transport::Conn>::test",
+    "nccl_net_rivet::transport::verbs::recv::VerbsRecv<N>::progress",
+    "nccl_net_rivet::transport::verbs::conn::Common<N>::poll",
+    "nccl_net_rivet::transport::verbs::recv::VerbsRecv<N>::drain_ring",
+    "nccl_net_rivet::transport::verbs::recv::VerbsRecv<N>::idle",
 ]
 
 

@@ -11,14 +11,13 @@
 //! (out-of-band socket closed) fails pending requests after a grace period. Nothing on the data
 //! path allocates: requests, work requests and scatter lists are fixed arrays.
 
-use super::dev::IbPort;
-use super::res::{Cq, QpRts};
+use super::nic::{Nic, NicPort, Verbs};
 use crate::error::{Error, Kind, Result};
 use crate::transport::oob::pulse::{self as oob, PeerState};
 use crate::proto::verbs::{Mismatch, Notice, EAGER_HDR, MAX_NOTICE};
 use crate::proto::{Explain, ProtoError};
 use crate::sys::ib::*;
-use crate::sys::verbs::{self, wc_status_hint, wc_status_name};
+use crate::sys::verbs::{wc_status_hint, wc_status_name};
 use crate::transport::MrInfo;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
@@ -309,7 +308,7 @@ impl Drain {
 
     /// Whether the queue pairs count as drained yet (Err once DRAIN_WAIT is over). Never waits:
     /// the shell asks again at its next call, after polling.
-    pub(super) fn done(&mut self, c: &mut Common) -> Result<bool> {
+    pub(super) fn done<N: Nic>(&mut self, c: &mut Common<N>) -> Result<bool> {
         let drained = c.drained;
         if drained & self.mask == self.mask {
             return Ok(true);
@@ -352,11 +351,11 @@ struct Verdict {
 }
 
 /// State shared by both directions: the peer, its out-of-band socket, the death certificate.
-pub struct Common {
+pub struct Common<N: Nic = Verbs> {
     /// Member 0 of the device (its only port, for a physical one): what messages name.
-    pub port: &'static IbPort,
+    pub port: &'static N::Port,
     /// Every member of the device; queue pair `q` is on member `q % ports.len()`.
-    pub ports: &'static [&'static IbPort],
+    pub ports: &'static [&'static N::Port],
     /// Our QPNs and the member each is on, for matching asynchronous QP events: the data queue
     /// pairs (the first `ndata`, in order), then flush queue pairs.
     qpns: [u32; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS],
@@ -433,7 +432,7 @@ pub struct Common {
     pub(super) member_bytes: [u64; super::fuse::MAX_MEMBERS],
 }
 
-impl Drop for Common {
+impl<N: Nic> Drop for Common<N> {
     fn drop(&mut self) {
         if !self.set.stats {
             return;
@@ -446,13 +445,13 @@ impl Drop for Common {
             );
         }
         if self.ports.len() > 1 && self.member_bytes.iter().any(|&b| b > 0) {
-            let per: Vec<String> = self.ports.iter().zip(&self.member_bytes).map(|(p, b)| format!("{}:{} {b}", p.dev.name, p.port)).collect();
+            let per: Vec<String> = self.ports.iter().zip(&self.member_bytes).map(|(p, b)| format!("{}:{} {b}", p.dev_name(), p.num())).collect();
             log::info!("NET/rivet: stats {}: bytes sent per member: {}", self.where_(self.qpns[0]), per.join(", "));
         }
     }
 }
 
-impl Common {
+impl<N: Nic> Common<N> {
     /// Watch one more queue pair of this comm, on member `m`, for asynchronous events (a flush
     /// QP, made late).
     pub(super) fn watch_qp(&mut self, qpn: u32, m: usize) {
@@ -463,7 +462,7 @@ impl Common {
         }
     }
 
-    pub fn new(ports: &'static [&'static IbPort], peer: SocketAddr, oob: OwnedFd, qpns: &[u32], set: Settings) -> Common {
+    pub fn new(ports: &'static [&'static N::Port], peer: SocketAddr, oob: OwnedFd, qpns: &[u32], set: Settings) -> Common<N> {
         let mut q = [0u32; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS];
         let mut qm = [0u8; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS];
         let n = qpns.len().min(q.len());
@@ -553,11 +552,11 @@ impl Common {
     /// callers see only successful completions by kind; they call `check` after handling them.
     /// `cqs` are the members' CQs, in member order.
     #[inline]
-    pub(super) fn poll(&mut self, cqs: &[Cq]) -> Result<usize> {
+    pub(super) fn poll(&mut self, cqs: &[N::Cq]) -> Result<usize> {
         // One member (every connection without NIC fusion) and nothing there, the common case
         // of an idle `test`: inline, without the work below.
         if let [cq] = cqs {
-            return match cq.poll(&mut self.wc) {
+            return match N::poll(cq, &mut self.wc) {
                 Ok(0) => Ok(0),
                 Ok(n) => {
                     self.wc_member[..n].fill(0);
@@ -571,14 +570,14 @@ impl Common {
 
     /// `poll` of a fused connection: a CQ per member.
     #[inline(never)]
-    fn poll_members(&mut self, cqs: &[Cq]) -> Result<usize> {
+    fn poll_members(&mut self, cqs: &[N::Cq]) -> Result<usize> {
         let mut n = 0;
         // From a member that turns each call, so that a busy one does not keep the others'
         // completions waiting.
         self.poll_from = self.poll_from.wrapping_add(1);
         for i in 0..cqs.len() {
             let m = (self.poll_from as usize + i) % cqs.len();
-            let k = match cqs[m].poll(&mut self.wc[n..]) {
+            let k = match N::poll(&cqs[m], &mut self.wc[n..]) {
                 Ok(k) => k,
                 Err(e) => return Err(self.poll_failed(m, e)),
             };
@@ -720,8 +719,8 @@ impl Common {
     /// Whether member `m`'s port is seen down (its PORT_ERR event, or its state).
     fn member_down(&self, m: usize) -> bool {
         let port = self.ports.get(m).copied().unwrap_or(self.port);
-        port.dev.poll_events();
-        port.dev.port_down(port.port) || port.dev.port_state(port.port).is_some_and(|s| s != "ACTIVE")
+        port.poll_events();
+        port.seen_down() || port.state().is_some_and(|s| s != "ACTIVE")
     }
 
     /// The data queue pairs on member `m` (bit q).
@@ -760,7 +759,7 @@ impl Common {
 
     fn member_name(&self, m: usize) -> String {
         let p = self.ports.get(m).unwrap_or(&self.port);
-        format!("{}:{}", p.dev.name, p.port)
+        format!("{}:{}", p.dev_name(), p.num())
     }
 
     /// Whether a failover is due: queue pairs found failed, the peer naming dead ones, or (on a
@@ -798,7 +797,7 @@ impl Common {
     /// Whether data queue pair `q`'s port is up (ACTIVE, and no PORT_ERR since its PORT_ACTIVE).
     pub(super) fn port_up(&self, q: usize) -> bool {
         let p = self.ports.get(self.qp_member[q] as usize).copied().unwrap_or(self.port);
-        !p.dev.port_down(p.port) && p.dev.port_state(p.port) == Some("ACTIVE")
+        !p.seen_down() && p.state() == Some("ACTIVE")
     }
 
     /// The failed-over queue pairs recovery may try to take back now: recovery on, their port up
@@ -938,7 +937,7 @@ impl Common {
 
     pub(super) fn where_on(&self, m: usize, qpn: u32) -> String {
         let p = self.ports.get(m).unwrap_or(&self.port);
-        format!("{}:{} QPN {qpn} (peer {})", p.dev.name, p.port, self.peer)
+        format!("{}:{} QPN {qpn} (peer {})", p.dev_name(), p.num(), self.peer)
     }
 
     fn peer_state(&self) -> PeerState {
@@ -981,16 +980,15 @@ impl Common {
     /// What the device says caused a failed completion on member `m`, if anything yet.
     fn cause(&self, wc: &ibv_wc, m: usize) -> Option<String> {
         let port = self.ports.get(m).copied().unwrap_or(self.port);
-        let dev = &port.dev;
-        dev.poll_events();
-        if let Some((_, ev)) = dev.qp_event(std::iter::once(wc.qp_num)) {
+        port.poll_events();
+        if let Some((_, ev)) = port.qp_event(&[wc.qp_num]) {
             Some(format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev)))
-        } else if dev.port_down(port.port) {
-            Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", dev.name, port.port))
+        } else if port.seen_down() {
+            Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", port.dev_name(), port.num()))
         } else {
             // The event may not have been delivered yet: ask the port itself.
-            let state = dev.port_state(port.port).filter(|s| *s != "ACTIVE")?;
-            Some(format!("; cause: the port {}:{} is {state}: check the link and the switch", dev.name, port.port))
+            let state = port.state().filter(|s| *s != "ACTIVE")?;
+            Some(format!("; cause: the port {}:{} is {state}: check the link and the switch", port.dev_name(), port.num()))
         }
     }
 
@@ -1053,19 +1051,23 @@ impl Common {
         // NCCL_IB_RETURN_ASYNC_EVENTS=0: fatal events are only logged (by poll_events), as net_ib.
         let fail_on_events = self.set.return_async_events;
         for (m, p) in self.ports.iter().enumerate() {
-            let dev = &p.dev;
-            dev.poll_events_at(now);
-            if let Err(e) = dev.check_fatal().or_else(|e| if fail_on_events { Err(e) } else { Ok(()) }) {
+            p.poll_events_at(now);
+            if let Err(e) = p.check_fatal().or_else(|e| if fail_on_events { Err(e) } else { Ok(()) }) {
                 return Err(self.die(e));
             }
-            let on_m = (0..self.nqpns).filter(|&i| self.qp_member[i] as usize == m).map(|i| self.qpns[i]);
-            if let Some((qpn, ev)) = dev.qp_event(on_m).filter(|_| fail_on_events) {
+            let mut on_m = [0u32; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS];
+            let mut k = 0;
+            for i in (0..self.nqpns).filter(|&i| self.qp_member[i] as usize == m) {
+                on_m[k] = self.qpns[i];
+                k += 1;
+            }
+            if let Some((qpn, ev)) = p.qp_event(&on_m[..k]).filter(|_| fail_on_events) {
                 let e = Error::system(format!("{}: asynchronous event {ev}: {}", self.where_on(m, qpn), event_hint(ev)));
                 return Err(self.die(e));
             }
             let mine = self.on_member(m);
-            if self.failover && dev.port_down(p.port) && mine & !(self.failed | self.qdead) != 0 {
-                self.mark_failed(mine, &format!("the port {}:{} is down (PORT_ERR): check the link and the switch", dev.name, p.port));
+            if self.failover && p.seen_down() && mine & !(self.failed | self.qdead) != 0 {
+                self.mark_failed(mine, &format!("the port {}:{} is down (PORT_ERR): check the link and the switch", p.dev_name(), p.num()));
             }
         }
         self.check()?;
@@ -1088,8 +1090,8 @@ impl Common {
             PeerState::Unreachable(err) => {
                 let e = Error::remote(format!(
                     "{}:{}: the peer host {} is unreachable (its out-of-band connection: {err}): it stopped answering for RIVET_TIMEOUT seconds, so it is down or the network between the hosts is broken; {outstanding} request(s) of ours outstanding",
-                    self.port.dev.name,
-                    self.port.port,
+                    self.port.dev_name(),
+                    self.port.num(),
                     self.peer.ip()
                 ));
                 return Err(self.die(e));
@@ -1102,7 +1104,9 @@ impl Common {
         }
         let e = Error::remote(format!(
             "{}:{}: the peer {} closed its connection (its process exited or crashed) with {outstanding} request(s) of ours outstanding",
-            self.port.dev.name, self.port.port, self.peer
+            self.port.dev_name(),
+            self.port.num(),
+            self.peer
         ));
         Err(self.die(e))
     }
@@ -1147,10 +1151,6 @@ fn mr_error(mr: Option<&MrInfo>, ptr: usize, size: usize, dev: usize, members: u
     ))
 }
 
-pub(super) fn dev_id(port: &IbPort) -> usize {
-    &*port.dev as *const _ as usize
-}
-
 /// NCCL profiler events of a `size`-byte message over `qps`, logical queue pair `q` carried by
 /// physical `map[q]` on member `q % members`: an eager one (`eager`) on logical queue pair 0 as
 /// one RDMA WRITE with immediate; a larger one split into `parts` as
@@ -1158,11 +1158,11 @@ pub(super) fn dev_id(port: &IbPort) -> usize {
 /// message's parts take is known only once its clear-to-send is read), as plain RDMA WRITEs
 /// where adaptive routing splits data from its completion (`ar_split`, the engine's decision).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn plan_events(
+pub(super) fn plan_events<N: Nic>(
     size: usize,
     eager: bool,
     parts: usize,
-    qps: &[QpRts],
+    qps: &[N::Qp],
     map: &[u8],
     members: usize,
     ar_split: bool,
@@ -1172,7 +1172,7 @@ pub(super) fn plan_events(
     const WRITE_IMM: i32 = IBV_WR_RDMA_WRITE_WITH_IMM as i32;
     let ev = |q: usize, length: usize, opcode: i32| {
         let phys = map.get(q).map_or(q, |&m| m as usize).min(qps.len() - 1);
-        crate::transport::NetEvent { device: super::fuse::member_of(phys, members) as i32, qpn: qps[phys].qp().qpn(), length, opcode }
+        crate::transport::NetEvent { device: super::fuse::member_of(phys, members) as i32, qpn: N::qpn(&qps[phys]), length, opcode }
     };
     if eager {
         out.push(ev(0, size, WRITE_IMM));
@@ -1187,30 +1187,29 @@ pub(super) fn plan_events(
 
 /// Adaptive routing on a device of these members: when every member's fabric has it (as net_ib
 /// decides for a send comm).
-pub(super) fn adaptive_routing(ports: &[&'static IbPort]) -> bool {
-    ports.iter().all(|p| p.adaptive_routing)
+pub(super) fn adaptive_routing<P: NicPort>(ports: &[&'static P]) -> bool {
+    ports.iter().all(|p| p.adaptive_routing())
 }
 
 /// The identity registrations of a device with these members carry (`MrInfo::dev`): a
 /// physical device's, or a fused device's own (its members' list, made once per fused device),
 /// so that a registration of one fused device is refused on another sharing its first member.
-pub(super) fn members_id(ports: &[&'static IbPort]) -> usize {
+pub(super) fn members_id<P: NicPort>(ports: &[&'static P]) -> usize {
     match ports {
-        [p] => dev_id(p),
+        [p] => p.dev_id(),
         _ => ports.as_ptr() as usize,
     }
 }
 
-pub(super) fn post_chain(qp: &QpRts, wrs: &mut [ibv_send_wr], sges: &mut [ibv_sge], k: usize) -> std::result::Result<(), i32> {
+pub(super) fn post_chain<N: Nic>(qp: &N::Qp, wrs: &mut [ibv_send_wr], sges: &mut [ibv_sge], k: usize) -> std::result::Result<(), i32> {
     for i in 0..k {
         wrs[i].sg_list = if wrs[i].num_sge > 0 { &mut sges[i] } else { std::ptr::null_mut() };
         wrs[i].next = if i + 1 < k { &mut wrs[i + 1] } else { std::ptr::null_mut() };
     }
-    let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-    // SAFETY: the QP is connected (QpRts) and lives as long as `qp`; the first `k` work requests
-    // were just chained (each `next` and `sg_list` points into `wrs`/`sges`, which outlive the
-    // call: ibv_post_send copies them), and their scatter entries name registered memory.
-    match unsafe { verbs::post_send(qp.qp().raw(), wrs.as_mut_ptr(), &mut bad) } {
+    // SAFETY: the first `k` work requests were just chained (each `next` and `sg_list` points
+    // into `wrs`/`sges`, which outlive the call: ibv_post_send copies them), and their scatter
+    // entries name registered memory.
+    match unsafe { N::post_send(qp, wrs.as_mut_ptr()) } {
         0 => Ok(()),
         rc => Err(rc),
     }

@@ -13,6 +13,7 @@ pub mod eager;
 pub mod ece;
 pub mod fuse;
 pub mod mr;
+pub mod nic;
 pub mod recv;
 pub mod reg;
 pub mod res;
@@ -552,7 +553,7 @@ impl Setup {
             ece::describe(&self.ece)
         );
         let qpns: Vec<u32> = qps.iter().map(|q| q.qp().qpn()).collect();
-        let mut c = Common::new(self.ports, self.peer, fd, &qpns, conn::Settings::from_config());
+        let mut c = Common::<nic::Verbs>::new(self.ports, self.peer, fd, &qpns, conn::Settings::from_config());
         c.links = std::mem::take(&mut self.links);
         let fifo_keys = std::array::from_fn(|i| if i < rn { m.member(i).fifo_rkey } else { 0 });
         match self.local.take().unwrap() {

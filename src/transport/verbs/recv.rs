@@ -3,7 +3,8 @@
 //! groups, credit words, flush reads) as work requests; copies eager payloads out of the ring.
 
 use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Drain, SqBook, DRAIN_WAIT, KIND_CTRL, KIND_DRAIN, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RING_SLOTS};
-use super::res::{Cq, Part, QpRts, RegBuf};
+use super::nic::{Nic, Verbs};
+use super::res::{Part, QpRts};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
 use crate::proto::send::Origin;
@@ -22,7 +23,6 @@ pub const fn cts_stage_bytes(members: usize) -> usize {
 }
 use crate::proto::ProtoError;
 use crate::sys::ib::*;
-use crate::sys::verbs;
 use crate::transport::{path_of, Conn, Path, RecvBuf, MAX_RECVS};
 use super::eager::EagerCopies;
 use std::sync::atomic::{fence, Ordering};
@@ -33,6 +33,11 @@ const _: () = assert!(super::conn::RING_SLOTS <= crate::gpu::staging::FENCES);
 /// Post `n` zero-length receives on `qp` (each consumes one completion with immediate data), in
 /// chains of up to 32 work requests per call (the provider's lock and checks once per chain).
 pub fn post_recvs(qp: &QpRts, n: u32) -> std::result::Result<(), i32> {
+    post_recvs_on::<Verbs>(qp, n)
+}
+
+/// `post_recvs` through any NIC.
+fn post_recvs_on<N: Nic>(qp: &N::Qp, n: u32) -> std::result::Result<(), i32> {
     const CHAIN: usize = 32;
     let blank = ibv_recv_wr { wr_id: KIND_RECV << KIND_SHIFT, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
     let mut wrs = [blank; CHAIN];
@@ -43,10 +48,9 @@ pub fn post_recvs(qp: &QpRts, n: u32) -> std::result::Result<(), i32> {
             let next = if i + 1 < k { &mut wrs[i + 1] as *mut ibv_recv_wr } else { std::ptr::null_mut() };
             wrs[i].next = next;
         }
-        let mut bad = std::ptr::null_mut();
         // SAFETY: `k` valid receive work requests without scatter lists, linked through `next`
         // (the last one's is NULL), on a live queue pair; the array outlives the call.
-        let rc = unsafe { verbs::post_recv(qp.qp().raw(), wrs.as_mut_ptr(), &mut bad) };
+        let rc = unsafe { N::post_recv(qp, wrs.as_mut_ptr()) };
         if rc != 0 {
             return Err(rc);
         }
@@ -79,16 +83,16 @@ enum Rewrite {
     Credit,
 }
 
-pub struct VerbsRecv {
+pub struct VerbsRecv<N: Nic = Verbs> {
     /// Eager payloads on their way out of the ring (first: dropped, after its copies drained,
     /// before the ring they read).
     copies: EagerCopies,
-    qps: Vec<QpRts>,
+    qps: Vec<N::Qp>,
     /// The loopback queue pair of flush reads, made at the first flush (NCCL flushes GPUDirect
     /// receives only; most comms never do).
-    flush_qps: Vec<Option<QpRts>>,
+    flush_qps: Vec<Option<N::Qp>>,
     /// One per member, in member order (each also holds its member's flush QP's completions).
-    cqs: Vec<Cq>,
+    cqs: Vec<N::Cq>,
     /// Flush reads still to complete per flush request (one per member).
     flush_left: Box<[u8]>,
     cts_out: Part,
@@ -134,28 +138,28 @@ pub struct VerbsRecv {
     cts_reading: [Option<(u8, u64)>; CTS_STAGES],
     wrs: [ibv_send_wr; 1],
     sges: [ibv_sge; 1],
-    pub c: Common,
+    pub c: Common<N>,
     /// What the parts are pieces of: dropped last, after the QPs and the copies that use it.
-    _mem: [RegBuf; 2],
+    _mem: [N::Mem; 2],
 }
 
 // SAFETY: the raw pointers inside (work requests, registered memory) are owned by this comm and
-// only used under its lock.
-unsafe impl Send for VerbsRecv {}
+// only used under its lock; the NIC's objects are used from one thread at a time.
+unsafe impl<N: Nic> Send for VerbsRecv<N> {}
 
-impl VerbsRecv {
+impl<N: Nic> VerbsRecv<N> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        c: Common,
-        qps: Vec<QpRts>,
-        cqs: Vec<Cq>,
-        mem: [RegBuf; 2],
+        c: Common<N>,
+        qps: Vec<N::Qp>,
+        cqs: Vec<N::Cq>,
+        mem: [N::Mem; 2],
         p: Parts,
         eager_max: usize,
         rem_fifo: (u64, [u32; MAX_MEMBERS]),
         rem_members: usize,
         nparts: usize,
-    ) -> VerbsRecv {
+    ) -> VerbsRecv<N> {
         let mut eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, Origin::default());
         eng.set_parts(nparts);
         let depths = c.set.depths;
@@ -213,14 +217,14 @@ impl VerbsRecv {
         let rkey = self.rem_fifo_rkeys[member_of(q, self.rem_members)];
         self.sges[0] = ibv_sge { addr: src, length: len as u32, lkey };
         self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, KIND_CTRL << KIND_SHIFT, remote, rkey, 1);
-        let inline = len <= self.qps[q].qp().max_inline as usize;
+        let inline = len <= N::max_inline(&self.qps[q]) as usize;
         self.wrs[0].send_flags |= if inline { IBV_SEND_INLINE } else { IBV_SEND_SIGNALED };
         if signal {
             self.wrs[0].send_flags |= IBV_SEND_SIGNALED;
         }
         self.book.book(q, &mut self.wrs, 1);
-        if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
-            return Err(self.c.post_failed(self.qps[q].qp().qpn(), "posting a control write", rc));
+        if let Err(rc) = post_chain::<N>(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
+            return Err(self.c.post_failed(N::qpn(&self.qps[q]), "posting a control write", rc));
         }
         Ok(inline)
     }
@@ -365,12 +369,12 @@ impl VerbsRecv {
             self.c.attempts[q] += 1;
             self.c.failed_at[q] = crate::sys::clock::coarse_ms();
             let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
-            if let Err(e) = self.qps[q].reset_to_rtr(port, &l) {
+            if let Err(e) = N::reset_to_rtr(&self.qps[q], port, &l) {
                 log::warn!("NET/rivet: {}: taking queue pair {q} back failed: {e}", self.c.where_(0));
                 continue;
             }
-            if let Err(rc) = post_recvs(&self.qps[q], self.rq) {
-                return Err(self.c.post_failed_on(member_of(q, ln), self.qps[q].qp().qpn(), "ibv_post_recv", rc));
+            if let Err(rc) = post_recvs_on::<N>(&self.qps[q], self.rq) {
+                return Err(self.c.post_failed_on(member_of(q, ln), N::qpn(&self.qps[q]), "ibv_post_recv", rc));
             }
             self.posted_recvs[q] = self.rq;
             self.book.reset(q);
@@ -396,13 +400,13 @@ impl VerbsRecv {
         let (nq, ln) = (self.qps.len(), self.c.ports.len());
         for q in (0..nq).filter(|&q| no & (1 << q) != 0) {
             // Back to ERR (the sender never sent on it again: nothing to drain), tried later.
-            let _ = self.qps[q].to_err(self.c.ports[member_of(q, ln)]);
+            let _ = N::to_err(&self.qps[q], self.c.ports[member_of(q, ln)]);
         }
         self.c.failed_over(no);
         let mut ok = 0u32;
         for q in (0..nq).filter(|&q| yes & (1 << q) != 0) {
             let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
-            match self.qps[q].back_to_rts(port, &l) {
+            match N::back_to_rts(&self.qps[q], port, &l) {
                 Ok(()) => {
                     ok |= 1 << q;
                     self.c.attempts[q] = 0; // a later failure gets its own attempts
@@ -482,16 +486,15 @@ impl VerbsRecv {
         let ln = self.c.ports.len();
         for q in (0..self.qps.len()).filter(|&q| new & (1 << q) != 0) {
             let port = self.c.ports[member_of(q, ln)];
-            if let Err(e) = self.qps[q].to_err(port) {
+            if let Err(e) = N::to_err(&self.qps[q], port) {
                 return Err(self.c.die(e));
             }
             let mut wr = ibv_recv_wr { wr_id: (KIND_DRAIN << KIND_SHIFT) | q as u64, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
-            let mut bad = std::ptr::null_mut();
             // SAFETY: a valid receive work request without a scatter list, on a live queue pair
             // (in ERR: it completes flushed, after every receive posted before it).
-            let rc = unsafe { verbs::post_recv(self.qps[q].qp().raw(), &mut wr, &mut bad) };
+            let rc = unsafe { N::post_recv(&self.qps[q], &mut wr) };
             if rc != 0 {
-                return Err(self.c.post_failed_on(member_of(q, ln), self.qps[q].qp().qpn(), "posting the drain marker", rc));
+                return Err(self.c.post_failed_on(member_of(q, ln), N::qpn(&self.qps[q]), "posting the drain marker", rc));
             }
         }
         self.draining = Some((new, Drain::new(new)));
@@ -564,7 +567,7 @@ impl VerbsRecv {
             if let (true, Rewrite::Entry { stage, len, .. }) = (ready && !self.gone(q), r) {
                 // From the staging copy where the provider has no inline room: once the NIC no
                 // longer reads that copy.
-                if len > self.qps[q].qp().max_inline as usize {
+                if len > N::max_inline(&self.qps[q]) as usize {
                     if let Some((rq, place)) = self.cts_reading[stage] {
                         ready = self.gone(rq as usize) || self.book.done(rq as usize, place);
                     }
@@ -579,7 +582,7 @@ impl VerbsRecv {
             self.rewrites.pop_front();
             match r {
                 Rewrite::Entry { q, stage, off, bytes, len, remote } => {
-                    if len <= self.qps[q].qp().max_inline as usize {
+                    if len <= N::max_inline(&self.qps[q]) as usize {
                         // Inline: the bytes are copied into the work request at post (ours).
                         self.post_ctrl(q, bytes.as_ptr() as u64, |_| 0, len, remote, false)?;
                         continue;
@@ -621,8 +624,8 @@ impl VerbsRecv {
             return Ok(());
         }
         let n = self.rq - self.posted_recvs[q];
-        if let Err(rc) = post_recvs(&self.qps[q], n) {
-            return Err(self.c.post_failed(self.qps[q].qp().qpn(), "ibv_post_recv", rc));
+        if let Err(rc) = post_recvs_on::<N>(&self.qps[q], n) {
+            return Err(self.c.post_failed(N::qpn(&self.qps[q]), "ibv_post_recv", rc));
         }
         self.posted_recvs[q] = self.rq;
         Ok(())
@@ -758,7 +761,7 @@ impl VerbsRecv {
                 KIND_CTRL => self.book.retire(wc.wr_id),
                 KIND_RECV => {
                     // QPNs are per device: the one of this member.
-                    let mine = |(q, p): &(usize, &QpRts)| member_of(*q, ln) == m && p.qp().qpn() == wc.qp_num;
+                    let mine = |(q, p): &(usize, &N::Qp)| member_of(*q, ln) == m && N::qpn(p) == wc.qp_num;
                     if let Some((q, _)) = self.qps.iter().enumerate().find(mine) {
                         self.posted_recvs[q] = self.posted_recvs[q].saturating_sub(1);
                     }
@@ -821,7 +824,7 @@ impl VerbsRecv {
     }
 }
 
-impl Conn for VerbsRecv {
+impl<N: Nic> Conn for VerbsRecv<N> {
     fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
         // One buffer (most receives) without making the other seven's specs and keys.
         if let [_] = bufs {
@@ -842,9 +845,9 @@ impl Conn for VerbsRecv {
         let m = mr_for(b.mr.as_ref(), b.buf.addr(), b.buf.len(), members_id(self.c.ports), ln, IBV_ACCESS_REMOTE_READ, "iflush")?;
         for k in 0..ln {
             if self.flush_qps[k].is_none() {
-                let q = super::Setup::flush_qp(self.c.ports[k], &self.cqs[k]).map_err(|e| self.c.die(e))?;
-                self.c.watch_qp(q.qp().qpn(), k);
-                log::debug!("NET/rivet: {}: flush queue pair made at the first flush", self.c.where_on(k, q.qp().qpn()));
+                let q = N::flush_qp(self.c.ports[k], &self.cqs[k]).map_err(|e| self.c.die(e))?;
+                self.c.watch_qp(N::qpn(&q), k);
+                log::debug!("NET/rivet: {}: flush queue pair made at the first flush", self.c.where_on(k, N::qpn(&q)));
                 self.flush_qps[k] = Some(q);
             }
         }
@@ -863,8 +866,8 @@ impl Conn for VerbsRecv {
             self.sges[0] = ibv_sge { addr: self.scratch.addr(), length: 1, lkey: self.scratch.lkey_on(k) };
             self.wrs[0] = rdma_wr(IBV_WR_RDMA_READ, (KIND_FLUSH << KIND_SHIFT) | req as u64, b.buf.addr() as u64, m.rkey_on(k), 1);
             self.wrs[0].send_flags = IBV_SEND_SIGNALED;
-            if let Err(rc) = post_chain(flush_qp, &mut self.wrs, &mut self.sges, 1) {
-                let qpn = flush_qp.qp().qpn();
+            if let Err(rc) = post_chain::<N>(flush_qp, &mut self.wrs, &mut self.sges, 1) {
+                let qpn = N::qpn(flush_qp);
                 return Err(self.c.post_failed_on(k, qpn, "posting the flush read", rc));
             }
         }
@@ -902,6 +905,6 @@ impl Conn for VerbsRecv {
 
     fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
         let ar_split = self.ar && size > self.c.set.ar_threshold;
-        super::conn::plan_events(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar_split, out);
+        super::conn::plan_events::<N>(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar_split, out);
     }
 }

@@ -2,7 +2,8 @@
 //! our memory, feeds them to the [`SendEngine`], and posts what it answers as work requests.
 
 use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Drain, SqBook, DRAIN_WAIT, KIND_CTRL, KIND_DRAIN, KIND_SEND, KIND_SHIFT, PART_SHIFT, REQ_MASK};
-use super::res::{Cq, Part, QpRts, RegBuf};
+use super::nic::{Nic, NicPort, Verbs};
+use super::res::Part;
 use crate::error::Result;
 use crate::proto::send::{Close, Origin, RdvStep, Resend, RingSpec, SendEngine, SendPlan, SEND_REQS};
 use crate::proto::verbs::{cts_stride, fifo_bytes, remap_keeping, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_DATA, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
@@ -49,16 +50,16 @@ enum AfterDrain {
     Account(crate::proto::verbs::Resync),
 }
 
-pub struct VerbsSend {
+pub struct VerbsSend<N: Nic = Verbs> {
     // Field order is drop order: QPs before their CQ, and both before the memory they name.
-    qps: Vec<QpRts>,
+    qps: Vec<N::Qp>,
     /// One per member, in member order.
-    cqs: Vec<Cq>,
+    cqs: Vec<N::Cq>,
     fifo: Part,
     sizes_out: Part,
     hdrs: Part,
     /// What `fifo`, `sizes_out` and `hdrs` are pieces of.
-    _mem: [RegBuf; 2],
+    _mem: [N::Mem; 2],
     rem_sizes_addr: u64,
     /// The receiver's sizes FIFO's key on each of its members.
     rem_sizes_rkeys: [u32; MAX_MEMBERS],
@@ -108,32 +109,32 @@ pub struct VerbsSend {
     steps: [RdvStep; MAX_QPS],
     wrs: [ibv_send_wr; 3],
     sges: [ibv_sge; 3],
-    pub c: Common,
+    pub c: Common<N>,
 }
 
 // SAFETY: the raw pointers inside (work requests, registered memory) are owned by this comm and
-// only used under its lock.
-unsafe impl Send for VerbsSend {}
+// only used under its lock; the NIC's objects are used from one thread at a time.
+unsafe impl<N: Nic> Send for VerbsSend<N> {}
 
-impl VerbsSend {
+impl<N: Nic> VerbsSend<N> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        c: Common,
-        qps: Vec<QpRts>,
-        cqs: Vec<Cq>,
-        mem: [RegBuf; 2],
+        c: Common<N>,
+        qps: Vec<N::Qp>,
+        cqs: Vec<N::Cq>,
+        mem: [N::Mem; 2],
         p: Parts,
         rem_sizes: (u64, [u32; MAX_MEMBERS]),
         ring: Ring,
         rem_members: usize,
         nparts: usize,
-    ) -> VerbsSend {
+    ) -> VerbsSend<N> {
         let mut eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, Origin::default());
         eng.set_adaptive_routing(c.adaptive_routing().then_some(c.set.ar_threshold));
         eng.set_parts(nparts);
         let keyed = if rem_members > 1 { FIFO_DEPTH * MAX_GROUP } else { 0 };
         let copies = if c.failover { ring.slots } else { 0 };
-        let inline_all = qps.iter().map(|q| q.qp().max_inline as usize).min().unwrap_or(0);
+        let inline_all = qps.iter().map(|q| N::max_inline(q) as usize).min().unwrap_or(0);
         VerbsSend {
             qps,
             cqs,
@@ -251,8 +252,8 @@ impl VerbsSend {
             return Ok(());
         }
         self.book.book(q, &mut self.wrs, k);
-        if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, k) {
-            return Err(self.c.post_failed(self.qps[q].qp().qpn(), "ibv_post_send", rc));
+        if let Err(rc) = post_chain::<N>(&self.qps[q], &mut self.wrs, &mut self.sges, k) {
+            return Err(self.c.post_failed(N::qpn(&self.qps[q]), "ibv_post_send", rc));
         }
         Ok(())
     }
@@ -356,7 +357,7 @@ impl VerbsSend {
                 self.c.member_bytes[lm] += len as u64;
                 self.sges[0] = ibv_sge { addr: data + off as u64, length: len as u32, lkey: lkeys[lm] };
                 self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, t.addr + off as u64, rkey, 1);
-                if !on_gpu && len <= self.qps[q].qp().max_inline as usize {
+                if !on_gpu && len <= N::max_inline(&self.qps[q]) as usize {
                     // A small host payload goes in the work request (GPU memory only the NIC
                     // may read).
                     self.wrs[0].send_flags |= IBV_SEND_INLINE;
@@ -510,7 +511,7 @@ impl VerbsSend {
         let eligible = asked & self.c.qdead & self.synced;
         for q in (0..nq).filter(|&q| eligible & (1 << q) != 0 && self.c.port_up(q)) {
             let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
-            match self.qps[q].reset_to_rtr(port, &l).and_then(|_| self.qps[q].back_to_rts(port, &l)) {
+            match N::reset_to_rtr(&self.qps[q], port, &l).and_then(|_| N::back_to_rts(&self.qps[q], port, &l)) {
                 Ok(()) => ok |= 1 << q,
                 Err(e) => log::warn!("NET/rivet: {}: taking queue pair {q} back failed: {e}", self.c.where_(0)),
             }
@@ -521,7 +522,7 @@ impl VerbsSend {
         self.switch_back();
         if ok != 0 {
             self.c.notify(&Notice::Recovered { qps: ok })?;
-            let per: Vec<String> = self.c.ports.iter().zip(&self.c.member_bytes).map(|(p, b)| format!("{}:{} {b}", p.dev.name, p.port)).collect();
+            let per: Vec<String> = self.c.ports.iter().zip(&self.c.member_bytes).map(|(p, b)| format!("{}:{} {b}", p.dev_name(), p.num())).collect();
             log::info!(
                 "NET/rivet: {}: took back queue pair(s) {ok:#x} (NCCL_IB_RESILIENCY_PORT_RECOVERY); logical queue pairs now on {:?}; bytes sent per member so far: {}",
                 self.c.where_(0),
@@ -568,13 +569,13 @@ impl VerbsSend {
         let ln = self.c.ports.len();
         for q in (0..self.qps.len()).filter(|&q| mask & (1 << q) != 0) {
             let port = self.c.ports[member_of(q, ln)];
-            if let Err(e) = self.qps[q].to_err(port) {
+            if let Err(e) = N::to_err(&self.qps[q], port) {
                 return Err(self.c.die(e));
             }
             self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, (KIND_DRAIN << KIND_SHIFT) | q as u64, 0, 0, 0);
             self.wrs[0].send_flags = IBV_SEND_SIGNALED;
-            if let Err(rc) = post_chain(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
-                return Err(self.c.post_failed_on(member_of(q, ln), self.qps[q].qp().qpn(), "posting the drain marker", rc));
+            if let Err(rc) = post_chain::<N>(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
+                return Err(self.c.post_failed_on(member_of(q, ln), N::qpn(&self.qps[q]), "posting the drain marker", rc));
             }
         }
         self.draining = Some((mask, Drain::new(mask), then));
@@ -677,7 +678,7 @@ impl VerbsSend {
     }
 }
 
-impl Conn for VerbsSend {
+impl<N: Nic> Conn for VerbsSend<N> {
     fn isend(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
         self.isend_partial(data, tag, mr, data.len())
     }
@@ -772,7 +773,7 @@ impl Conn for VerbsSend {
 
     fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
         let ar_split = self.eng.ar_split(size);
-        super::conn::plan_events(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar_split, out);
+        super::conn::plan_events::<N>(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar_split, out);
     }
 
     fn has_deferred(&self) -> bool {
