@@ -11,9 +11,13 @@ cargo build --release --all-targets
 # Lints: every warning is an error, and every unsafe block says why it is sound.
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo clippy --release --all-targets -- -D warnings -D clippy::undocumented_unsafe_blocks
+cargo clippy --test shell_sim -- -D warnings -D clippy::undocumented_unsafe_blocks
 cargo test --release --no-fail-fast
 # The verbs protocol's two engines against each other in the simulator: 100,000 seeded schedules.
 RIVET_SIM_SCHEDULES=100000 cargo test --release --test sim random_schedules
+# The production verbs shells over a simulated NIC (dev profile: its debug assertions check the
+# shells' unsafe code too): 100 seeded schedules.
+RIVET_SHELL_SIM_SCHEDULES=100 cargo test --test shell_sim
 # The soak over TCP: random traffic both ways, every byte checked, no growth of RSS, fds or threads
 # (RIVET_SOAK_MINUTES, default 3).
 NCCL_SOCKET_IFNAME=lo target/release/rivet soak --minutes "${RIVET_SOAK_MINUTES:-3}"

@@ -55,6 +55,8 @@ const QP_SHIFT: u32 = 48;
 const SEQ_SHIFT: u32 = 16;
 pub(super) const KIND_SEND: u64 = 1;
 pub(super) const KIND_RECV: u64 = 2;
+/// The id of the receives a receiver keeps posted (what setup posts, and a NIC completes).
+pub const RECV_WR_ID: u64 = KIND_RECV << KIND_SHIFT;
 pub(super) const KIND_CTRL: u64 = 3;
 pub(super) const KIND_FLUSH: u64 = 4;
 /// The marker posted on a failed queue pair once it is in ERR: its (flushed) completion comes

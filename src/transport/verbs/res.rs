@@ -663,6 +663,16 @@ pub struct Part {
 }
 
 impl Part {
+    /// A piece of memory registered some other way (a simulated NIC's): `len` bytes at `ptr`,
+    /// with the (lkey, rkey) of each member.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` is memory that stays valid and registered under those keys for as long
+    /// as the connection using the piece lives.
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize, keys: [(u32, u32); MAX_MEMBERS]) -> Part {
+        Part { ptr, len, keys }
+    }
+
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }

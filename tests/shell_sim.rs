@@ -1,0 +1,651 @@
+//! The production verbs shells (`VerbsSend`, `VerbsRecv`: the code that runs on a NIC) driven
+//! through NCCL's data-path calls (`isend`, `irecv`, `test`) over a simulated NIC, in one
+//! process, under seeded schedules: the simulated NIC implements `nic::Nic` as a NIC would
+//! (work requests executed in order per queue pair, queue pairs interleaved at random, keys and
+//! ranges checked on every access, a write with an immediate taking a posted receive or waiting
+//! for one, completions of signaled work requests only, finite queues). Every receive's bytes
+//! and size are checked when `test` reports it done, every send completes, and nothing the
+//! shells post breaks a rule of the NIC (an unknown key, a write outside a registration, a send
+//! queue beyond its depth, more receives than the queue holds).
+//!
+//! `RIVET_SHELL_SIM_SCHEDULES` sets the number of schedules (default 300).
+
+use nccl_net_rivet::sys::ib::*;
+use nccl_net_rivet::transport::verbs::conn::{self, Common, Depths, Settings};
+use nccl_net_rivet::transport::verbs::nic::{Nic, NicPort};
+use nccl_net_rivet::transport::verbs::recv::{self as vrecv, VerbsRecv};
+use nccl_net_rivet::transport::verbs::res::{Link, Part};
+use nccl_net_rivet::transport::verbs::send::{self as vsend, Ring, VerbsSend};
+use nccl_net_rivet::transport::{Conn, Lent, MrInfo, Path, RecvBuf, MAX_RECVS};
+use nccl_net_rivet::proto::verbs::{fifo_bytes, FIFO_DEPTH, MAX_MEMBERS, SIZES_ENTRY};
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+
+// ---------------------------------------------------------------------------------------------
+// The simulated NIC.
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Region {
+    addr: usize,
+    len: usize,
+    access: u32,
+}
+
+enum Data {
+    /// The bytes, copied at post (an inline work request).
+    Inline(Vec<u8>),
+    /// Read when the work request executes: (address, length, lkey) per scatter entry.
+    Gather(Vec<(usize, usize, u32)>),
+}
+
+struct Wr {
+    wr_id: u64,
+    opcode: u32,
+    signaled: bool,
+    remote: u64,
+    rkey: u32,
+    imm: u32,
+    data: Data,
+}
+
+struct Qp {
+    qpn: u32,
+    cq: usize,
+    /// The queue pair at the other end (None for a flush queue pair: it reads its own memory).
+    peer: Option<usize>,
+    sq: VecDeque<Wr>,
+    sq_depth: usize,
+    rq: VecDeque<u64>,
+    rq_depth: usize,
+    err: bool,
+}
+
+#[derive(Default)]
+struct Fabric {
+    regions: HashMap<u32, Region>,
+    qps: Vec<Qp>,
+    cqs: Vec<VecDeque<ibv_wc>>,
+    next_key: u32,
+    /// What the shells did that a NIC would refuse (the run fails on any).
+    faults: Vec<String>,
+}
+
+thread_local! {
+    static FAB: RefCell<Fabric> = RefCell::new(Fabric { next_key: 0x100, ..Default::default() });
+}
+
+#[inline(never)]
+fn fab<T>(f: impl FnOnce(&mut Fabric) -> T) -> T {
+    FAB.with(|x| f(&mut x.borrow_mut()))
+}
+
+fn wc(wr_id: u64, status: u32, opcode: u32, qpn: u32, len: u32, imm: u32) -> ibv_wc {
+    // SAFETY: ibv_wc is plain C data; all-zero is a valid completion.
+    let mut w: ibv_wc = unsafe { std::mem::zeroed() };
+    w.wr_id = wr_id;
+    w.status = status;
+    w.opcode = opcode;
+    w.qp_num = qpn;
+    w.byte_len = len;
+    w.__bindgen_anon_1.imm_data = imm;
+    w
+}
+
+impl Fabric {
+    fn register(&mut self, addr: usize, len: usize, access: u32) -> u32 {
+        let k = self.next_key;
+        self.next_key += 1;
+        self.regions.insert(k, Region { addr, len, access });
+        k
+    }
+
+    /// The region `key` names if it covers `[addr, addr + len)` with `access`.
+    fn check(&mut self, key: u32, addr: usize, len: usize, access: u32, what: &str) -> bool {
+        match self.regions.get(&key) {
+            Some(r) if addr >= r.addr && addr + len <= r.addr + r.len && r.access & access == access => true,
+            Some(r) => {
+                self.faults.push(format!("{what}: [{addr:#x}, +{len}) with key {key:#x} is outside or lacks access {access:#x} of its region [{:#x}, +{}) {:#x}", r.addr, r.len, r.access));
+                false
+            }
+            None if len == 0 => true,
+            None => {
+                self.faults.push(format!("{what}: unknown key {key:#x}"));
+                false
+            }
+        }
+    }
+
+    fn new_qp(&mut self, cq: usize, sq_depth: usize, rq_depth: usize) -> usize {
+        let qpn = 0x40 + self.qps.len() as u32;
+        self.qps.push(Qp { qpn, cq, peer: None, sq: VecDeque::new(), sq_depth, rq: VecDeque::new(), rq_depth, err: false });
+        self.qps.len() - 1
+    }
+
+    fn new_cq(&mut self) -> usize {
+        self.cqs.push(VecDeque::new());
+        self.cqs.len() - 1
+    }
+
+    /// Execute the oldest work request of queue pair `q`; false if it must wait (no receive
+    /// posted at the other end) or there is none.
+    fn step(&mut self, q: usize) -> bool {
+        let Some(w) = self.qps[q].sq.front() else { return false };
+        let needs_recv = matches!(w.opcode, IBV_WR_RDMA_WRITE_WITH_IMM | IBV_WR_SEND_WITH_IMM);
+        let peer = self.qps[q].peer;
+        if needs_recv && peer.is_some_and(|p| self.qps[p].rq.is_empty()) {
+            return false; // receiver not ready: the NIC retries (rnr_retry 7)
+        }
+        let w = self.qps[q].sq.pop_front().unwrap();
+        let bytes = match &w.data {
+            Data::Inline(b) => b.clone(),
+            Data::Gather(g) => {
+                let mut b = Vec::new();
+                for &(addr, len, lkey) in g {
+                    if !self.check(lkey, addr, len, 0, "a work request's local buffer") {
+                        return true;
+                    }
+                    // SAFETY: checked inside a live registration (the test's memory, which
+                    // outlives the comms).
+                    b.extend_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, len) });
+                }
+                b
+            }
+        };
+        let (qpn, cq) = (self.qps[q].qpn, self.qps[q].cq);
+        match w.opcode {
+            IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => {
+                let (addr, len) = (w.remote as usize, bytes.len());
+                if self.check(w.rkey, addr, len, IBV_ACCESS_REMOTE_WRITE, "an RDMA WRITE") && len > 0 {
+                    // SAFETY: checked inside a live registration with remote write.
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, len) };
+                }
+            }
+            IBV_WR_RDMA_READ => {
+                // A flush read of our own memory: nothing to move that the test looks at.
+            }
+            IBV_WR_SEND_WITH_IMM => {}
+            op => self.faults.push(format!("opcode {op} is not one the shells post")),
+        }
+        if needs_recv {
+            let p = peer.expect("a write with an immediate on a connected queue pair");
+            let id = self.qps[p].rq.pop_front().unwrap();
+            let (pqpn, pcq) = (self.qps[p].qpn, self.qps[p].cq);
+            let op = if w.opcode == IBV_WR_SEND_WITH_IMM { IBV_WC_RECV } else { IBV_WC_RECV_RDMA_WITH_IMM };
+            self.cqs[pcq].push_back(wc(id, IBV_WC_SUCCESS, op, pqpn, bytes.len() as u32, w.imm));
+        }
+        if w.signaled {
+            self.cqs[cq].push_back(wc(w.wr_id, IBV_WC_SUCCESS, 0, qpn, 0, 0));
+        }
+        true
+    }
+}
+
+/// 64 bytes, 64-aligned (what the shells' pieces of registered memory are made of).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// The simulated NIC: one fabric per thread.
+struct SimNic;
+
+struct SimPort {
+    name: String,
+}
+
+impl NicPort for SimPort {
+    fn dev_name(&self) -> &str {
+        &self.name
+    }
+    fn num(&self) -> u8 {
+        1
+    }
+    fn poll_events(&self) {}
+    fn poll_events_at(&self, _now_ms: u64) {}
+    fn seen_down(&self) -> bool {
+        false
+    }
+    fn state(&self) -> Option<&'static str> {
+        Some("ACTIVE")
+    }
+    fn qp_event(&self, _qpns: &[u32]) -> Option<(u32, &'static str)> {
+        None
+    }
+    fn check_fatal(&self) -> nccl_net_rivet::error::Result<()> {
+        Ok(())
+    }
+    fn adaptive_routing(&self) -> bool {
+        false
+    }
+    fn dev_id(&self) -> usize {
+        self as *const _ as usize
+    }
+}
+
+impl Nic for SimNic {
+    type Port = SimPort;
+    type Qp = usize;
+    type Cq = usize;
+    /// Cache lines, so that the pieces are aligned as the shells' reads of them need (a CTS
+    /// entry is 32-byte aligned).
+    type Mem = Vec<Line>;
+
+    #[inline(never)]
+    fn qpn(qp: &usize) -> u32 {
+        fab(|f| f.qps[*qp].qpn)
+    }
+
+    #[inline(never)]
+    fn max_inline(_qp: &usize) -> u32 {
+        conn::SEND_INLINE
+    }
+
+    #[inline(never)]
+    unsafe fn post_send(qp: &usize, mut wr: *mut ibv_send_wr) -> i32 {
+        fab(|f| {
+            while !wr.is_null() {
+                // SAFETY: the caller vouches for the chain (post_send's contract).
+                let w = unsafe { &*wr };
+                let sges: &[ibv_sge] = if w.num_sge > 0 {
+                    // SAFETY: as above: `num_sge` entries at `sg_list`.
+                    unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
+                } else {
+                    &[]
+                };
+                let data = if w.send_flags & IBV_SEND_INLINE != 0 {
+                    let mut b = Vec::new();
+                    for s in sges {
+                        // SAFETY: an inline work request's bytes are read at post, from memory
+                        // the caller vouches for.
+                        b.extend_from_slice(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) });
+                    }
+                    if b.len() > conn::SEND_INLINE as usize {
+                        f.faults.push(format!("an inline work request of {} bytes (the queue pair takes {})", b.len(), conn::SEND_INLINE));
+                    }
+                    Data::Inline(b)
+                } else {
+                    Data::Gather(sges.iter().map(|s| (s.addr as usize, s.length as usize, s.lkey)).collect())
+                };
+                // SAFETY: the rdma member is the one RDMA work requests use (zeroed otherwise).
+                let (remote, rkey) = unsafe { (w.wr.rdma.remote_addr, w.wr.rdma.rkey) };
+                // SAFETY: a plain u32 either way.
+                let imm = unsafe { w.__bindgen_anon_1.imm_data };
+                let q = &mut f.qps[*qp];
+                let item = Wr { wr_id: w.wr_id, opcode: w.opcode, signaled: w.send_flags & IBV_SEND_SIGNALED != 0, remote, rkey, imm, data };
+                if q.err {
+                    // In ERR: every work request completes, flushed.
+                    let (qpn, cq) = (q.qpn, q.cq);
+                    f.cqs[cq].push_back(wc(item.wr_id, IBV_WC_WR_FLUSH_ERR, 0, qpn, 0, 0));
+                } else {
+                    q.sq.push_back(item);
+                    if q.sq.len() > q.sq_depth {
+                        let (n, d) = (q.sq.len(), q.sq_depth);
+                        f.faults.push(format!("send queue of QP {qp} holds {n} work requests, deeper than its {d}"));
+                    }
+                }
+                wr = w.next;
+            }
+            0
+        })
+    }
+
+    #[inline(never)]
+    unsafe fn post_recv(qp: &usize, mut wr: *mut ibv_recv_wr) -> i32 {
+        fab(|f| {
+            while !wr.is_null() {
+                // SAFETY: the caller vouches for the chain.
+                let w = unsafe { &*wr };
+                let q = &mut f.qps[*qp];
+                if q.err {
+                    let (qpn, cq) = (q.qpn, q.cq);
+                    f.cqs[cq].push_back(wc(w.wr_id, IBV_WC_WR_FLUSH_ERR, 0, qpn, 0, 0));
+                } else {
+                    q.rq.push_back(w.wr_id);
+                    if q.rq.len() > q.rq_depth {
+                        let (n, d) = (q.rq.len(), q.rq_depth);
+                        f.faults.push(format!("receive queue of QP {qp} holds {n}, deeper than its {d}"));
+                    }
+                }
+                wr = w.next;
+            }
+            0
+        })
+    }
+
+    #[inline(never)]
+    fn poll(cq: &usize, out: &mut [ibv_wc]) -> nccl_net_rivet::error::Result<usize> {
+        Ok(fab(|f| {
+            let mut n = 0;
+            while n < out.len() {
+                let Some(w) = f.cqs[*cq].pop_front() else { break };
+                out[n] = w;
+                n += 1;
+            }
+            n
+        }))
+    }
+
+    #[inline(never)]
+    fn to_err(qp: &usize, _port: &SimPort) -> nccl_net_rivet::error::Result<()> {
+        fab(|f| {
+            let q = &mut f.qps[*qp];
+            q.err = true;
+            let (qpn, cq) = (q.qpn, q.cq);
+            let flushed: Vec<u64> = q.sq.drain(..).map(|w| w.wr_id).chain(q.rq.drain(..)).collect();
+            for id in flushed {
+                f.cqs[cq].push_back(wc(id, IBV_WC_WR_FLUSH_ERR, 0, qpn, 0, 0));
+            }
+        });
+        Ok(())
+    }
+
+    #[inline(never)]
+    fn reset_to_rtr(_qp: &usize, _port: &SimPort, _l: &Link) -> nccl_net_rivet::error::Result<()> {
+        Err(nccl_net_rivet::error::Error::internal("the simulated NIC does not take queue pairs back"))
+    }
+
+    #[inline(never)]
+    fn back_to_rts(_qp: &usize, _port: &SimPort, _l: &Link) -> nccl_net_rivet::error::Result<()> {
+        Err(nccl_net_rivet::error::Error::internal("the simulated NIC does not take queue pairs back"))
+    }
+
+    #[inline(never)]
+    fn flush_qp(_port: &'static SimPort, cq: &usize) -> nccl_net_rivet::error::Result<usize> {
+        Ok(fab(|f| f.new_qp(*cq, 8, 0)))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A connection of the two production shells over the simulated NIC.
+
+const EAGER_MAX: usize = 8192;
+
+/// Registered memory of `len` bytes (remote access as given): the buffer and its key.
+fn registered(len: usize, access: u32) -> (Vec<u8>, u32) {
+    let v = vec![0u8; len.max(64)];
+    let k = fab(|f| f.register(v.as_ptr() as usize, v.len(), access | IBV_ACCESS_LOCAL_WRITE));
+    (v, k)
+}
+
+/// `lens` pieces of one registration, each 64 bytes apart, as `RegBuf::carve` makes them.
+fn carve<const N: usize>(lens: [usize; N], access: u32) -> (Vec<Line>, [Part; N]) {
+    let mut offs = [0usize; N];
+    let mut end = 0;
+    for (o, l) in offs.iter_mut().zip(lens) {
+        *o = end;
+        end = (end + l).next_multiple_of(64);
+    }
+    let mut v = vec![Line([0; 64]); end.div_ceil(64).max(1)];
+    let k = fab(|f| f.register(v.as_ptr() as usize, v.len() * 64, access | IBV_ACCESS_LOCAL_WRITE));
+    let mut keys = [(0u32, 0u32); MAX_MEMBERS];
+    keys[0] = (k, k);
+    let base = v.as_mut_ptr() as *mut u8;
+    // SAFETY: each piece is inside the vector, whose heap memory stays put (and registered) for
+    // as long as the comm that owns the vector lives.
+    let parts = std::array::from_fn(|i| unsafe { Part::from_raw(base.add(offs[i]), lens[i], keys) });
+    (v, parts)
+}
+
+struct Pair {
+    send: VerbsSend<SimNic>,
+    recv: VerbsRecv<SimNic>,
+    /// The queue pairs of each side.
+    sqps: Vec<usize>,
+}
+
+fn pair(nqps: usize, nparts: usize, depths: Depths) -> Pair {
+    let port: &'static SimPort = Box::leak(Box::new(SimPort { name: "sim0".into() }));
+    let ports: &'static [&'static SimPort] = Box::leak(vec![port].into_boxed_slice());
+    let set = Settings {
+        depths,
+        failover: false,
+        recovery: false,
+        recovery_delay_ms: 0,
+        recovery_attempts: 0,
+        return_async_events: true,
+        ar_threshold: 8192,
+        flush_disable: true,
+        stats: false,
+    };
+    let (scq, rcq) = fab(|f| (f.new_cq(), f.new_cq()));
+    let sqps: Vec<usize> = (0..nqps).map(|_| fab(|f| f.new_qp(scq, depths.send_sq as usize, 0))).collect();
+    let rqps: Vec<usize> = (0..nqps).map(|_| fab(|f| f.new_qp(rcq, depths.recv_sq as usize, depths.recv_rq as usize))).collect();
+    fab(|f| {
+        for (&s, &r) in sqps.iter().zip(&rqps) {
+            f.qps[s].peer = Some(r);
+            f.qps[r].peer = Some(s);
+            // Setup posts the receives before the sender learns the QPNs.
+            for _ in 0..depths.recvs_posted() {
+                f.qps[r].rq.push_back(conn::RECV_WR_ID);
+            }
+        }
+    });
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    b.set_nonblocking(true).unwrap();
+    let peer: std::net::SocketAddr = "10.0.0.2:4000".parse().unwrap();
+    let qpn = |qs: &[usize]| -> Vec<u32> { qs.iter().map(SimNic::qpn).collect() };
+    // The sender's memory: what the receiver writes, and what only its own work requests read.
+    let (s_remote, [fifo]) = carve([fifo_bytes(1) + 64], IBV_ACCESS_REMOTE_WRITE);
+    let (s_local, [sizes_out, hdrs]) = carve([FIFO_DEPTH * SIZES_ENTRY, conn::HDRS_BYTES], 0);
+    let (r_remote, [ring, sizes_in]) = carve([conn::RING_SLOTS * conn::slot_bytes(EAGER_MAX), FIFO_DEPTH * SIZES_ENTRY], IBV_ACCESS_REMOTE_WRITE);
+    let (r_local, [cts_out, scratch]) = carve([vrecv::cts_stage_bytes(1), 64], 0);
+    let keys = |p: &Part| -> [u32; MAX_MEMBERS] { std::array::from_fn(|m| if m == 0 { p.rkey() } else { 0 }) };
+    let sc = Common::<SimNic>::new(ports, peer, OwnedFd::from(a), &qpn(&sqps), set);
+    let rc = Common::<SimNic>::new(ports, peer, OwnedFd::from(b), &qpn(&rqps), set);
+    let ring_spec = Ring { addr: ring.addr(), rkeys: keys(&ring), slots: conn::RING_SLOTS, eager_max: EAGER_MAX };
+    let send = VerbsSend::new(
+        sc,
+        sqps.clone(),
+        vec![scq],
+        [s_remote, s_local],
+        vsend::Parts { fifo, sizes_out, hdrs },
+        (sizes_in.addr(), keys(&sizes_in)),
+        ring_spec,
+        1,
+        nparts,
+    );
+    let recv = VerbsRecv::new(rc, rqps, vec![rcq], [r_remote, r_local], vrecv::Parts { cts_out, sizes_in, ring, scratch }, EAGER_MAX, (fifo.addr(), keys(&fifo)), 1, nparts);
+    Pair { send, recv, sqps }
+}
+
+/// The bytes message `id` carries.
+fn pattern(id: usize, len: usize) -> impl Iterator<Item = u8> {
+    (0..len).map(move |i| (id.wrapping_mul(131) ^ i.wrapping_mul(7) ^ (i >> 8)) as u8 | 1)
+}
+
+fn mr_of(v: &[u8], key: u32, dev: usize) -> MrInfo {
+    MrInfo {
+        addr: v.as_ptr() as usize,
+        len: v.len(),
+        lkey: key,
+        rkey: key,
+        more_keys: [(0, 0); MAX_MEMBERS - 1],
+        members: 1,
+        access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+        dev,
+        path: Path::Host,
+        gpu: None,
+    }
+}
+
+/// One schedule: `msgs` messages of random sizes (0 to past the eager limit, some of several
+/// MiB) from the sender to the receiver, with random interleavings of the two sides' calls and
+/// of the NIC's work. Returns a description of what went wrong, if anything did.
+fn schedule(seed: u64) -> Result<String, String> {
+    let mut rng = Rng(seed);
+    let nqps = [1, 1, 2, 4][rng.below(4) as usize];
+    let nparts = if rng.below(2) == 0 { 1 } else { nqps };
+    let depths = if rng.below(3) == 0 { Depths::MIN } else { Depths::DEFAULT };
+    let msgs = 20 + rng.below(60) as usize;
+    let sizes: Vec<usize> = (0..msgs)
+        .map(|_| match rng.below(10) {
+            0 => 0,
+            1..=4 => 1 + rng.below(64) as usize,
+            5..=6 => 1 + rng.below(EAGER_MAX as u64 + 64) as usize,
+            7..=8 => EAGER_MAX + 1 + rng.below(256 << 10) as usize,
+            _ => (1 << 20) + rng.below(3 << 20) as usize,
+        })
+        .collect();
+    let what = format!("seed {seed:#x}: {nqps} QP(s), {nparts} part(s), {} queues, {msgs} messages", if depths == Depths::MIN { "minimal" } else { "default" });
+    let mut p = pair(nqps, nparts, depths);
+    let dev = {
+        // The identity registrations must carry: the (one) port's.
+        let c = &p.send.c;
+        c.ports[0].dev_id()
+    };
+    let total: usize = sizes.iter().sum::<usize>() + 64 * msgs;
+    let (mut smem, skey) = registered(total, 0);
+    let (mut rmem, rkey) = registered(total + msgs * 64, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    rmem.fill(0x5c);
+    let (smr, rmr) = (mr_of(&smem, skey, dev), mr_of(&rmem, rkey, dev));
+    // Each message's place in the send and receive arenas; receive buffers have some room.
+    let mut soff = Vec::new();
+    let mut roff = Vec::new();
+    let (mut s, mut r) = (0, 0);
+    for (id, &len) in sizes.iter().enumerate() {
+        soff.push(s);
+        roff.push(r);
+        for (b, v) in smem[s..s + len].iter_mut().zip(pattern(id, len)) {
+            *b = v;
+        }
+        s += len + 64;
+        r += len + 64;
+    }
+    let tag = |id: usize| (id % 7) as i32;
+    let (mut next_send, mut next_recv) = (0, 0);
+    let mut sent: VecDeque<(usize, u32)> = VecDeque::new();
+    let mut posted: VecDeque<(usize, u32)> = VecDeque::new();
+    let (mut sends_done, mut recvs_done) = (0, 0);
+    let mut steps = 0u64;
+    while sends_done < msgs || recvs_done < msgs {
+        steps += 1;
+        if steps > 2_000_000 {
+            return Err(format!("{what}: no end after {steps} steps: {sends_done} sends and {recvs_done} receives done"));
+        }
+        match rng.below(8) {
+            0 if next_send < msgs && sent.len() < 16 => {
+                let id = next_send;
+                // SAFETY: the message's bytes in the send arena, registered and left alone
+                // until the send completes (the arena outlives the pair).
+                let buf = unsafe { Lent::new(smem.as_mut_ptr().add(soff[id]), sizes[id]) };
+                match p.send.isend(buf, tag(id), Some(&smr)) {
+                    Ok(Some(slot)) => {
+                        sent.push_back((id, slot));
+                        next_send += 1;
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(format!("{what}: isend of message {id}: {e}")),
+                }
+            }
+            1 if next_recv < msgs && posted.len() < 16 => {
+                let id = next_recv;
+                let room = sizes[id] + rng.below(64) as usize;
+                // SAFETY: the message's room in the receive arena, registered, read by the test
+                // only once `test` reports the receive done.
+                let buf = unsafe { Lent::new(rmem.as_mut_ptr().add(roff[id]), room) };
+                let bufs = [RecvBuf { buf, tag: tag(id), mr: Some(rmr) }];
+                match p.recv.irecv(&bufs) {
+                    Ok(Some(slot)) => {
+                        posted.push_back((id, slot));
+                        next_recv += 1;
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(format!("{what}: irecv of message {id}: {e}")),
+                }
+            }
+            2 => {
+                if let Some(&(id, slot)) = sent.front() {
+                    let mut sz = [0usize; MAX_RECVS];
+                    match p.send.test(slot, &mut sz) {
+                        Ok(Some(_)) => {
+                            sent.pop_front();
+                            sends_done += 1;
+                        }
+                        Ok(None) => {}
+                        Err(e) => return Err(format!("{what}: test of send {id}: {e}")),
+                    }
+                }
+            }
+            3 => {
+                if let Some(&(id, slot)) = posted.front() {
+                    let mut sz = [0usize; MAX_RECVS];
+                    match p.recv.test(slot, &mut sz) {
+                        Ok(Some(n)) => {
+                            if n != 1 || sz[0] != sizes[id] {
+                                return Err(format!("{what}: receive {id} done with {n} buffer(s) of {} bytes; {} were sent", sz[0], sizes[id]));
+                            }
+                            let got = &rmem[roff[id]..roff[id] + sizes[id]];
+                            if let Some(i) = got.iter().zip(pattern(id, sizes[id])).position(|(a, b)| *a != b) {
+                                return Err(format!("{what}: receive {id} of {} bytes reported done with byte {i} wrong", sizes[id]));
+                            }
+                            posted.pop_front();
+                            recvs_done += 1;
+                        }
+                        Ok(None) => {}
+                        Err(e) => return Err(format!("{what}: test of receive {id}: {e}")),
+                    }
+                }
+            }
+            _ => {
+                // The NIC: some work of queue pairs picked at random (each in its own order).
+                for _ in 0..1 + rng.below(4) {
+                    let qs: Vec<usize> = fab(|f| (0..f.qps.len()).filter(|&q| !f.qps[q].sq.is_empty()).collect());
+                    if qs.is_empty() {
+                        break;
+                    }
+                    let q = qs[rng.below(qs.len() as u64) as usize];
+                    fab(|f| f.step(q));
+                }
+            }
+        }
+        let faults = fab(|f| std::mem::take(&mut f.faults));
+        if !faults.is_empty() {
+            return Err(format!("{what}: the NIC refused what the shells posted: {}", faults.join("; ")));
+        }
+    }
+    let _ = &p.sqps;
+    drop(p);
+    Ok(format!("{what}: {steps} steps"))
+}
+
+#[test]
+fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
+    let n: u64 = std::env::var("RIVET_SHELL_SIM_SCHEDULES").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let mut failed = Vec::new();
+    let mut ran = 0;
+    for i in 0..n {
+        // A fresh fabric per schedule.
+        FAB.with(|f| *f.borrow_mut() = Fabric { next_key: 0x100, ..Default::default() });
+        let seed = 0x5eed_0000 + i;
+        ran += 1;
+        if let Err(e) = schedule(seed) {
+            failed.push(e);
+            if failed.len() >= 3 {
+                break;
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{} of {ran} schedule(s) failed:\n{}", failed.len(), failed.join("\n"));
+    assert_eq!(ran, n, "every schedule ran");
+}
