@@ -89,6 +89,13 @@ struct Fabric {
     next_key: u32,
     /// What the shells did that a NIC would refuse (the run fails on any).
     faults: Vec<String>,
+    /// Queue pairs whose link is dead (both ends of a pair): their work requests fail.
+    broken: Vec<bool>,
+    /// Work requests that ran into a dead link.
+    failed: usize,
+    /// Bytes a write on a dead link places before it fails (a prefix, as a link that dies
+    /// mid-message leaves), chosen by the schedule.
+    torn: usize,
 }
 
 thread_local! {
@@ -136,6 +143,32 @@ impl Fabric {
         }
     }
 
+    /// The oldest work request of `q` runs into a dead link: a write places at most a prefix of
+    /// its bytes, then the transport gives up (RETRY_EXC_ERR, signaled or not), the queue pair
+    /// goes to ERR, and everything after it on its send queue completes flushed.
+    fn fail(&mut self, q: usize) -> bool {
+        let w = self.qps[q].sq.pop_front().unwrap();
+        self.failed += 1;
+        if let (IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM, Data::Gather(g)) = (w.opcode, &w.data) {
+            if let Some(&(addr, len, _)) = g.first() {
+                let n = len.min(self.torn);
+                if n > 0 && self.check(w.rkey, w.remote as usize, n, IBV_ACCESS_REMOTE_WRITE, "an RDMA WRITE") {
+                    // SAFETY: the source is the work request's (checked when the shells posted
+                    // it: their memory, live until the send completes), the target checked.
+                    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, w.remote as *mut u8, n) };
+                }
+            }
+        }
+        let (qpn, cq) = (self.qps[q].qpn, self.qps[q].cq);
+        self.cqs[cq].push_back(wc(w.wr_id, IBV_WC_RETRY_EXC_ERR, 0, qpn, 0, 0));
+        self.qps[q].err = true;
+        let rest: Vec<u64> = self.qps[q].sq.drain(..).map(|w| w.wr_id).collect();
+        for id in rest {
+            self.cqs[cq].push_back(wc(id, IBV_WC_WR_FLUSH_ERR, 0, qpn, 0, 0));
+        }
+        true
+    }
+
     fn new_qp(&mut self, cq: usize, sq_depth: usize, rq_depth: usize) -> usize {
         let qpn = 0x40 + self.qps.len() as u32;
         self.qps.push(Qp { qpn, cq, peer: None, sq: VecDeque::new(), sq_depth, rq: VecDeque::new(), rq_depth, err: false });
@@ -155,6 +188,9 @@ impl Fabric {
         let peer = self.qps[q].peer;
         if needs_recv && peer.is_some_and(|p| self.qps[p].rq.is_empty()) {
             return false; // receiver not ready: the NIC retries (rnr_retry 7)
+        }
+        if self.broken.get(q).copied().unwrap_or(false) {
+            return self.fail(q);
         }
         let w = self.qps[q].sq.pop_front().unwrap();
         let bytes = match &w.data {
@@ -413,12 +449,12 @@ struct Pair {
     sqps: Vec<usize>,
 }
 
-fn pair(nqps: usize, nparts: usize, depths: Depths) -> Pair {
+fn pair(nqps: usize, nparts: usize, depths: Depths, failover: bool) -> Pair {
     let port: &'static SimPort = Box::leak(Box::new(SimPort { name: "sim0".into() }));
     let ports: &'static [&'static SimPort] = Box::leak(vec![port].into_boxed_slice());
     let set = Settings {
         depths,
-        failover: false,
+        failover,
         recovery: false,
         recovery_delay_ms: 0,
         recovery_attempts: 0,
@@ -491,10 +527,14 @@ fn mr_of(v: &[u8], key: u32, dev: usize) -> MrInfo {
 
 /// One schedule: `msgs` messages of random sizes (0 to past the eager limit, some of several
 /// MiB) from the sender to the receiver, with random interleavings of the two sides' calls and
-/// of the NIC's work. Returns a description of what went wrong, if anything did.
-fn schedule(seed: u64) -> Result<String, String> {
+/// of the NIC's work, and in half of them a queue pair's link dying. Returns what ran and how
+/// many work requests met the dead link, or what went wrong.
+fn schedule(seed: u64) -> Result<(String, usize), String> {
     let mut rng = Rng(seed);
-    let nqps = [1, 1, 2, 4][rng.below(4) as usize];
+    // Half the schedules with a queue pair's link dying at a random moment (failover on, 2 or 4
+    // queue pairs; the shells must fail over to the others and lose nothing).
+    let failing = rng.below(2) == 0;
+    let nqps = if failing { [2, 4][rng.below(2) as usize] } else { [1, 1, 2, 4][rng.below(4) as usize] };
     let nparts = if rng.below(2) == 0 { 1 } else { nqps };
     let depths = if rng.below(3) == 0 { Depths::MIN } else { Depths::DEFAULT };
     let msgs = 20 + rng.below(60) as usize;
@@ -507,8 +547,15 @@ fn schedule(seed: u64) -> Result<String, String> {
             _ => (1 << 20) + rng.below(3 << 20) as usize,
         })
         .collect();
-    let what = format!("seed {seed:#x}: {nqps} QP(s), {nparts} part(s), {} queues, {msgs} messages", if depths == Depths::MIN { "minimal" } else { "default" });
-    let mut p = pair(nqps, nparts, depths);
+    let dies = failing.then(|| (rng.below(nqps as u64) as usize, 1 + rng.below(msgs as u64 * 10)));
+    let what = format!(
+        "seed {seed:#x}: {nqps} QP(s), {nparts} part(s), {} queues, {msgs} messages{}",
+        if depths == Depths::MIN { "minimal" } else { "default" },
+        dies.map(|(q, at)| format!(", queue pair {q}'s link dying at step {at}")).unwrap_or_default()
+    );
+    let mut p = pair(nqps, nparts, depths, failing);
+    fab(|f| f.torn = rng.below(3 << 20) as usize);
+    let started = std::time::Instant::now();
     let dev = {
         // The identity registrations must carry: the (one) port's.
         let c = &p.send.c;
@@ -540,7 +587,17 @@ fn schedule(seed: u64) -> Result<String, String> {
     let mut steps = 0u64;
     while sends_done < msgs || recvs_done < msgs {
         steps += 1;
-        if steps > 2_000_000 {
+        if let Some((q, at)) = dies.filter(|&(_, at)| at == steps) {
+            // Both ends of pair q: the sender's queue pair q and the receiver's.
+            let _ = at;
+            fab(|f| {
+                f.broken.resize(f.qps.len(), false);
+                let peer = f.qps[p.sqps[q]].peer.unwrap();
+                f.broken[p.sqps[q]] = true;
+                f.broken[peer] = true;
+            });
+        }
+        if steps > 2_000_000 && started.elapsed() > std::time::Duration::from_secs(30) {
             return Err(format!("{what}: no end after {steps} steps: {sends_done} sends and {recvs_done} receives done"));
         }
         match rng.below(8) {
@@ -624,28 +681,38 @@ fn schedule(seed: u64) -> Result<String, String> {
             return Err(format!("{what}: the NIC refused what the shells posted: {}", faults.join("; ")));
         }
     }
-    let _ = &p.sqps;
+    let failed = fab(|f| f.failed);
     drop(p);
-    Ok(format!("{what}: {steps} steps"))
+    Ok((format!("{what}: {steps} steps"), failed))
 }
 
 #[test]
 fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
     let n: u64 = std::env::var("RIVET_SHELL_SIM_SCHEDULES").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
     let mut failed = Vec::new();
-    let mut ran = 0;
+    let (mut ran, mut failed_over) = (0, 0);
     for i in 0..n {
         // A fresh fabric per schedule.
         FAB.with(|f| *f.borrow_mut() = Fabric { next_key: 0x100, ..Default::default() });
         let seed = 0x5eed_0000 + i;
         ran += 1;
-        if let Err(e) = schedule(seed) {
-            failed.push(e);
-            if failed.len() >= 3 {
-                break;
+        match schedule(seed) {
+            Ok((w, hit)) => {
+                if std::env::var_os("RIVET_SHELL_SIM_VERBOSE").is_some() {
+                    println!("{w}: {hit} work request(s) met the dead link");
+                }
+                failed_over += (hit > 0) as u64
+            }
+            Err(e) => {
+                failed.push(e);
+                if failed.len() >= 3 {
+                    break;
+                }
             }
         }
     }
+    println!("shell_sim: {ran} schedules, {failed_over} of them with traffic on a link that died (failed over)");
     assert!(failed.is_empty(), "{} of {ran} schedule(s) failed:\n{}", failed.len(), failed.join("\n"));
     assert_eq!(ran, n, "every schedule ran");
+    assert!(n < 10 || failed_over * 5 >= n, "only {failed_over} of {n} schedules had traffic on the link that died: the failover path is not exercised");
 }

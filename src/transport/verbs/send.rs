@@ -77,6 +77,8 @@ pub struct VerbsSend<N: Nic = Verbs> {
     /// Which queue pair carries each logical one's traffic (after queue pairs failed), and the
     /// failed queue pairs whose loss the receiver's account has been applied for.
     map: [u8; MAX_QPS],
+    /// Room one send needs on each queue pair (see `remapped`).
+    need: [u32; MAX_QPS],
     synced: u32,
     in_failover: bool,
     /// A failover's queue pairs draining (in ERR, their markers posted), and what follows.
@@ -151,6 +153,7 @@ impl<N: Nic> VerbsSend<N> {
             local: vec![(0, [0; MAX_MEMBERS], false); SEND_REQS].into_boxed_slice(),
             ready: vec![0; SEND_REQS].into_boxed_slice(),
             map: std::array::from_fn(|q| q as u8),
+            need: [MAX_POST; MAX_QPS],
             synced: 0,
             in_failover: false,
             draining: None,
@@ -493,6 +496,7 @@ impl<N: Nic> VerbsSend<N> {
             if self.map[q] != w {
                 if open & (1 << q) == 0 {
                     self.map[q] = w;
+                    self.remapped();
                 } else {
                     pending = true;
                 }
@@ -552,6 +556,7 @@ impl<N: Nic> VerbsSend<N> {
             return Err(self.c.die(crate::error::Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
         };
         self.map = map;
+        self.remapped();
         log::info!(
             "NET/rivet: {}: failed over queue pair(s) {newly:#x}: the receiver's account (from its out-of-band notice) asks for {} eager and {} rendezvous send(s) again; logical queue pairs now on {:?}",
             self.c.where_(0),
@@ -640,7 +645,19 @@ impl<N: Nic> VerbsSend<N> {
 
     /// Whether every send queue in use has room for the largest post.
     fn room(&self) -> bool {
-        (0..self.qps.len()).all(|q| self.gone(q) || self.book.room(q) >= MAX_POST)
+        (0..self.qps.len()).all(|q| self.gone(q) || self.book.room(q) >= self.need[q])
+    }
+
+    /// The map moved: how many work requests one send may post on each queue pair now (the
+    /// largest post for each logical queue pair it carries: after a failover one carries
+    /// several, and a send's parts on them all go to it).
+    fn remapped(&mut self) {
+        let nq = self.qps.len();
+        self.need = [MAX_POST; MAX_QPS];
+        for q in 0..nq {
+            let carried = self.map[..nq].iter().filter(|&&p| p as usize == q).count() as u32;
+            self.need[q] = MAX_POST * carried.max(1);
+        }
     }
 
     /// Post the deferred rendezvous bytes, oldest first, as far as the send queues have room
