@@ -184,7 +184,7 @@ impl RecvEngine {
             let stamp = (self.cts_tail + 1) as u32;
             let p = &mut self.plan;
             (p.slot, p.q, p.n) = (slot, (self.cts_tail % self.nqps as u64) as usize, n);
-            for (o, b) in p.entries.iter_mut().zip(&bufs[..n]) {
+            for (o, b) in p.entries.iter_mut().zip(bufs).take(n) {
                 *o = Cts::new(b.addr, b.size, b.rkey, b.tag, n, base, stamp);
             }
             self.cts_owner[slot] = req;
@@ -194,8 +194,8 @@ impl RecvEngine {
         // receive's entries stops at its `n`).
         let r = &mut self.reqs[req as usize];
         (r.posted, r.flush, r.cts, r.n, r.left, r.base, r.cts_index) = (true, false, cts, n as u8, n as u8, base, cts_index);
-        for (e, b) in r.entries.iter_mut().zip(&bufs[..n]) {
-            *e = Entry { spec: *b, ..Entry::default() };
+        for (i, e) in r.entries.iter_mut().enumerate().take(n) {
+            *e = Entry { spec: bufs.get(i).copied().unwrap_or_default(), ..Entry::default() };
         }
         self.next_base = base.wrapping_add(n as u32);
         self.order.push_back(req);

@@ -215,6 +215,12 @@ impl SqBook {
         SqBook { depth, every: SIGNAL_EVERY.min(depth / 2), posted: [0; N], retired: [0; N], unsignaled: [0; N] }
     }
 
+    /// The room a queue pair is sure to have once its signaled work requests are reaped (up to
+    /// `every - 1` unsignaled ones wait for a later signaled one).
+    pub(super) fn most_room(&self) -> u32 {
+        self.depth - (self.every - 1)
+    }
+
     /// Work requests queue pair `q` can take now.
     pub(super) fn room(&self, q: usize) -> u32 {
         self.depth - (self.posted[q] - self.retired[q]) as u32
@@ -686,6 +692,13 @@ impl<N: Nic> Common<N> {
         let mut i = 0;
         while i < self.verdicts.len() {
             let (m, q) = (self.verdicts[i].m, self.verdicts[i].q);
+            if (self.qdead | self.failed) & (1 << q) != 0 {
+                // Failed over meanwhile (the peer named it, or its port's event came): no verdict
+                // is needed any more.
+                self.verdicts.swap_remove(i);
+                self.suspect &= !(1 << q);
+                continue;
+            }
             let down = self.member_down(m);
             if !down && now < self.verdicts[i].until {
                 i += 1;

@@ -562,9 +562,14 @@ impl<N: Nic> VerbsRecv<N> {
                 Rewrite::Credit => self.map[0] as usize,
             };
             // Not on a queue pair that failed meanwhile (dropped, as its flush would; the next
-            // failover writes it again).
-            let mut ready = self.gone(q) || self.book.room(q) >= 2;
-            if let (true, Rewrite::Entry { stage, len, .. }) = (ready && !self.gone(q), r) {
+            // failover writes it again), and so not into a staging copy the NIC may still read
+            // for a live one.
+            if self.gone(q) {
+                self.rewrites.pop_front();
+                continue;
+            }
+            let mut ready = self.book.room(q) >= 2;
+            if let (true, Rewrite::Entry { stage, len, .. }) = (ready, r) {
                 // From the staging copy where the provider has no inline room: once the NIC no
                 // longer reads that copy.
                 if len > N::max_inline(&self.qps[q]) as usize {

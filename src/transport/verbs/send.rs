@@ -550,7 +550,8 @@ impl<N: Nic> VerbsSend<N> {
         let nq = self.qps.len();
         let part_qp = &self.part_qp;
         let lost = |req: u16, q: usize| newly & (1 << part_qp[req as usize][q]) != 0;
-        let resend = self.eng.fail_over(newly & (1 << self.map[0]) != 0, lost, &r).map_err(|e| self.c.proto(e))?;
+        let eager_lost = newly & (1 << self.map[0]) != 0;
+        let resend = self.eng.fail_over(eager_lost, lost, &r).map_err(|e| self.c.proto(e))?;
         self.synced |= r.dead;
         let Some(map) = remap_keeping(self.synced, nq, &self.map, false) else {
             return Err(self.c.die(crate::error::Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
@@ -564,7 +565,7 @@ impl<N: Nic> VerbsSend<N> {
             resend.rdv.len(),
             &self.map[..nq]
         );
-        self.resend(resend)
+        self.resend(resend, eager_lost)
     }
 
     /// Move queue pairs `mask` to ERR and post their drain markers: once each one's has
@@ -590,7 +591,12 @@ impl<N: Nic> VerbsSend<N> {
 
     /// Post what the receiver did not get: the eager writes, in ring order, on part 0's queue
     /// pair before any new one; the rendezvous parts, in order, as the send queues have room.
-    fn resend(&mut self, r: Resend) -> Result<()> {
+    /// `eager_lost`: the account covers logical queue pair 0's, and so lists every eager write
+    /// after what the receiver has, those an earlier account asked for and not yet posted too.
+    fn resend(&mut self, r: Resend, eager_lost: bool) -> Result<()> {
+        if eager_lost {
+            self.resend_eager.clear();
+        }
         self.resend_eager.extend(r.eager);
         self.resend_by = crate::sys::clock::coarse_ms() + DRAIN_WAIT.as_millis() as u64;
         for req in r.rdv {
@@ -651,12 +657,17 @@ impl<N: Nic> VerbsSend<N> {
     /// The map moved: how many work requests one send may post on each queue pair now (the
     /// largest post for each logical queue pair it carries: after a failover one carries
     /// several, and a send's parts on them all go to it).
+    /// Never more than a send queue is sure to have once its signaled work requests are
+    /// reaped (`SqBook::most_room`), or no send would ever be posted: with the minimal queues
+    /// of RIVET_IB_MIN_QUEUES=1 and three logical queue pairs on one, a send may then find too
+    /// little room for its last part and fail its comm (an error, not a hang).
     fn remapped(&mut self) {
         let nq = self.qps.len();
         self.need = [MAX_POST; MAX_QPS];
+        let most = self.book.most_room();
         for q in 0..nq {
             let carried = self.map[..nq].iter().filter(|&&p| p as usize == q).count() as u32;
-            self.need[q] = MAX_POST * carried.max(1);
+            self.need[q] = (MAX_POST * carried.max(1)).min(most);
         }
     }
 
