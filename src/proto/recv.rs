@@ -194,8 +194,11 @@ impl RecvEngine {
         // receive's entries stops at its `n`).
         let r = &mut self.reqs[req as usize];
         (r.posted, r.flush, r.cts, r.n, r.left, r.base, r.cts_index) = (true, false, cts, n as u8, n as u8, base, cts_index);
-        for (i, e) in r.entries.iter_mut().enumerate().take(n) {
-            *e = Entry { spec: bufs.get(i).copied().unwrap_or_default(), ..Entry::default() };
+        for (e, b) in r.entries.iter_mut().zip(bufs).take(n) {
+            *e = Entry { spec: *b, ..Entry::default() };
+        }
+        if bufs.is_empty() {
+            r.entries[0] = Entry::default();
         }
         self.next_base = base.wrapping_add(n as u32);
         self.order.push_back(req);
