@@ -6,9 +6,12 @@
 //! for one, completions of signaled work requests only, finite queues). Every receive's bytes
 //! and size are checked when `test` reports it done, every send completes, and nothing the
 //! shells post breaks a rule of the NIC (an unknown key, a write outside a registration, a send
-//! queue beyond its depth, more receives than the queue holds).
+//! queue beyond its depth, more receives than the queue holds). In half the schedules a queue
+//! pair's link dies mid-run (sometimes a second one later), and the shells' own failover must
+//! deliver everything all the same.
 //!
-//! `RIVET_SHELL_SIM_SCHEDULES` sets the number of schedules (default 300).
+//! `RIVET_SHELL_SIM_SCHEDULES` sets the number of schedules (default 300);
+//! `RIVET_SHELL_SIM_VERBOSE=1` prints each schedule and how many work requests met a dead link.
 
 use nccl_net_rivet::sys::ib::*;
 use nccl_net_rivet::transport::verbs::conn::{self, Common, Depths, Settings};
