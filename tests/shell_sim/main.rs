@@ -25,7 +25,10 @@ use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 
 mod nic;
+#[path = "../sim/rng.rs"]
+mod rng;
 use nic::*;
+use rng::Rng;
 
 // ---------------------------------------------------------------------------------------------
 // A connection of the two production shells over the simulated NIC.
@@ -149,28 +152,28 @@ fn schedule(seed: u64) -> Result<(String, usize), String> {
     let mut rng = Rng(seed);
     // Half the schedules with a queue pair's link dying at a random moment (failover on, 2 or 4
     // queue pairs; the shells must fail over to the others and lose nothing).
-    let failing = rng.below(2) == 0;
-    let nqps = if failing { [2, 4][rng.below(2) as usize] } else { [1, 1, 2, 4][rng.below(4) as usize] };
-    let nparts = if rng.below(2) == 0 { 1 } else { nqps };
+    let failing = rng.chance(50);
+    let nqps = if failing { rng.pick(&[2, 4]) } else { rng.pick(&[1, 1, 2, 4]) };
+    let nparts = if rng.chance(50) { 1 } else { nqps };
     let depths = if rng.below(3) == 0 { Depths::MIN } else { Depths::DEFAULT };
-    let msgs = 20 + rng.below(60) as usize;
+    let msgs = 20 + rng.below(60);
     let sizes: Vec<usize> = (0..msgs)
         .map(|_| match rng.below(10) {
             0 => 0,
-            1..=4 => 1 + rng.below(64) as usize,
-            5..=6 => 1 + rng.below(EAGER_MAX as u64 + 64) as usize,
-            7..=8 => EAGER_MAX + 1 + rng.below(256 << 10) as usize,
-            _ => (1 << 20) + rng.below(3 << 20) as usize,
+            1..=4 => 1 + rng.below(64),
+            5..=6 => 1 + rng.below(EAGER_MAX + 64),
+            7..=8 => EAGER_MAX + 1 + rng.below(256 << 10),
+            _ => (1 << 20) + rng.below(3 << 20),
         })
         .collect();
     // With 4 queue pairs and the default queues, sometimes a second link dies later (the
     // minimal queues cannot hold a send's parts once three logical queue pairs share one).
     let mut dies: Vec<(usize, u64)> = Vec::new();
     if failing {
-        dies.push((rng.below(nqps as u64) as usize, 1 + rng.below(msgs as u64 * 10)));
-        if nqps == 4 && depths == Depths::DEFAULT && rng.below(2) == 0 {
-            let q = (dies[0].0 + 1 + rng.below(3) as usize) % 4;
-            dies.push((q, dies[0].1 + 1 + rng.below(msgs as u64 * 5)));
+        dies.push((rng.below(nqps), 1 + rng.below(msgs * 10) as u64));
+        if nqps == 4 && depths == Depths::DEFAULT && rng.chance(50) {
+            let q = (dies[0].0 + 1 + rng.below(3)) % 4;
+            dies.push((q, dies[0].1 + 1 + rng.below(msgs * 5) as u64));
         }
     }
     let what = format!(
@@ -179,7 +182,7 @@ fn schedule(seed: u64) -> Result<(String, usize), String> {
         dies.iter().map(|(q, at)| format!(", queue pair {q}'s link dying at step {at}")).collect::<String>()
     );
     let mut p = pair(nqps, nparts, depths, failing);
-    fab(|f| f.torn = rng.below(3 << 20) as usize);
+    fab(|f| f.torn = rng.below(3 << 20));
     let started = std::time::Instant::now();
     let dev = {
         // The identity registrations must carry: the (one) port's.
@@ -241,7 +244,7 @@ fn schedule(seed: u64) -> Result<(String, usize), String> {
             }
             1 if next_recv < msgs && posted.len() < 16 => {
                 let id = next_recv;
-                let room = sizes[id] + rng.below(64) as usize;
+                let room = sizes[id] + rng.below(64);
                 // SAFETY: the message's room in the receive arena, registered, read by the test
                 // only once `test` reports the receive done.
                 let buf = unsafe { Lent::new(rmem.as_mut_ptr().add(roff[id]), room) };
@@ -295,7 +298,7 @@ fn schedule(seed: u64) -> Result<(String, usize), String> {
                     if qs.is_empty() {
                         break;
                     }
-                    let q = qs[rng.below(qs.len() as u64) as usize];
+                    let q = rng.pick(&qs);
                     fab(|f| f.step(q));
                 }
             }

@@ -8,26 +8,6 @@ use nccl_net_rivet::transport::verbs::res::Link;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
-
 #[derive(Clone, Copy)]
 pub(crate) struct Region {
     pub(crate) addr: usize,
@@ -247,7 +227,7 @@ impl NicPort for SimPort {
     fn state(&self) -> Option<&'static str> {
         Some("ACTIVE")
     }
-    fn qp_event(&self, _qpns: &[u32]) -> Option<(u32, &'static str)> {
+    fn qp_event(&self, _qpns: impl Iterator<Item = u32> + Clone) -> Option<(u32, &'static str)> {
         None
     }
     fn check_fatal(&self) -> nccl_net_rivet::error::Result<()> {

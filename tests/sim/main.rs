@@ -25,8 +25,10 @@ use std::collections::VecDeque;
 
 
 mod shells;
+mod rng;
 mod world;
 use shells::*;
+use rng::*;
 use world::*;
 
 // ---------------------------------------------------------------------------------------------

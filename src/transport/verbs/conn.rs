@@ -314,6 +314,11 @@ impl Drain {
         Drain { mask, start: now, quiet_since: now, seen: 0 }
     }
 
+    /// The queue pairs drained.
+    pub(super) fn mask(&self) -> u32 {
+        self.mask
+    }
+
     /// Whether the queue pairs count as drained yet (Err once DRAIN_WAIT is over). Never waits:
     /// the shell asks again at its next call, after polling.
     pub(super) fn done<N: Nic>(&mut self, c: &mut Common<N>) -> Result<bool> {
@@ -402,10 +407,9 @@ pub struct Common<N: Nic = Verbs> {
     /// since when (coarse ms) they wait.
     outbox: Vec<u8>,
     outbox_since: u64,
-    /// Failed completions waiting for their port's verdict, and their queue pairs (bit q):
-    /// later failed completions of those are part of the same verdict.
+    /// Failed completions waiting for their port's verdict: later failed completions of their
+    /// queue pairs are part of the same verdict.
     verdicts: Vec<Verdict>,
-    suspect: u32,
     /// The comm's error, waiting (until the coarse ms) for the port's state to show the cause of
     /// a failure a dead link causes: the comm takes nothing new meanwhile, and dies with the
     /// error once the cause is found or the time is over.
@@ -501,7 +505,6 @@ impl<N: Nic> Common<N> {
             outbox: Vec::new(),
             outbox_since: 0,
             verdicts: Vec::new(),
-            suspect: 0,
             dying: None,
             failing: false,
             pending: false,
@@ -626,7 +629,7 @@ impl<N: Nic> Common<N> {
             let at = self.qpns[..self.nqpns].iter().zip(&self.qp_member).position(|(&q, &qm)| q == wc.qp_num && qm as usize == m);
             if let Some(q) = at.filter(|&q| q < self.ndata) {
                 self.flushed[q] = self.flushed[q].saturating_add(1);
-                if (self.qdead | self.suspect) & (1 << q) != 0 {
+                if self.qdead & (1 << q) != 0 || self.verdicts.iter().any(|v| v.q == q) {
                     continue; // flushed from a queue pair already failed over, or awaiting its verdict
                 }
             }
@@ -641,7 +644,6 @@ impl<N: Nic> Common<N> {
             if let (true, Some(q)) = (op_err, at.filter(|&q| q < self.ndata)) {
                 if !self.member_down(m) {
                     self.verdicts.push(Verdict { wc, m, q, until: crate::sys::clock::coarse_ms() + CAUSE_WAIT.as_millis() as u64 });
-                    self.suspect |= 1 << q;
                     self.pending = true;
                     continue;
                 }
@@ -696,7 +698,6 @@ impl<N: Nic> Common<N> {
                 // Failed over meanwhile (the peer named it, or its port's event came): no verdict
                 // is needed any more.
                 self.verdicts.swap_remove(i);
-                self.suspect &= !(1 << q);
                 continue;
             }
             let down = self.member_down(m);
@@ -705,7 +706,6 @@ impl<N: Nic> Common<N> {
                 continue;
             }
             let v = self.verdicts.swap_remove(i);
-            self.suspect &= !(1 << q);
             let e = self.wc_error(&v.wc, m);
             if down {
                 self.mark_failed(1 << q, &e.to_string());
@@ -714,14 +714,19 @@ impl<N: Nic> Common<N> {
             }
         }
         self.flush_outbox()?;
-        self.pending = self.failing || self.dying.is_some() || !self.verdicts.is_empty() || !self.outbox.is_empty();
+        self.refresh_pending();
         self.check()
     }
 
     /// A shell's failover is under way (or over): new sends and receives wait for it.
     pub(super) fn set_failing(&mut self, on: bool) {
         self.failing = on;
-        self.pending = on || self.dying.is_some() || !self.verdicts.is_empty() || !self.outbox.is_empty();
+        self.refresh_pending();
+    }
+
+    /// `pending` from what it stands for.
+    fn refresh_pending(&mut self) {
+        self.pending = self.failing || self.dying.is_some() || !self.verdicts.is_empty() || !self.outbox.is_empty();
     }
 
     /// Whether new sends and receives wait: a failover under way, or a failure's verdict or
@@ -996,7 +1001,7 @@ impl<N: Nic> Common<N> {
     fn cause(&self, wc: &ibv_wc, m: usize) -> Option<String> {
         let port = self.ports.get(m).copied().unwrap_or(self.port);
         port.poll_events();
-        if let Some((_, ev)) = port.qp_event(&[wc.qp_num]) {
+        if let Some((_, ev)) = port.qp_event(std::iter::once(wc.qp_num)) {
             Some(format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev)))
         } else if port.seen_down() {
             Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", port.dev_name(), port.num()))
@@ -1070,13 +1075,8 @@ impl<N: Nic> Common<N> {
             if let Err(e) = p.check_fatal().or_else(|e| if fail_on_events { Err(e) } else { Ok(()) }) {
                 return Err(self.die(e));
             }
-            let mut on_m = [0u32; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS];
-            let mut k = 0;
-            for i in (0..self.nqpns).filter(|&i| self.qp_member[i] as usize == m) {
-                on_m[k] = self.qpns[i];
-                k += 1;
-            }
-            if let Some((qpn, ev)) = p.qp_event(&on_m[..k]).filter(|_| fail_on_events) {
+            let on_m = (0..self.nqpns).filter(|&i| self.qp_member[i] as usize == m).map(|i| self.qpns[i]);
+            if let Some((qpn, ev)) = p.qp_event(on_m).filter(|_| fail_on_events) {
                 let e = Error::system(format!("{}: asynchronous event {ev}: {}", self.where_on(m, qpn), event_hint(ev)));
                 return Err(self.die(e));
             }

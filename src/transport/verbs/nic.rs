@@ -26,7 +26,7 @@ pub trait NicPort: Sync + 'static {
     /// The port's state as the device reports it now ("ACTIVE", "DOWN", ...).
     fn state(&self) -> Option<&'static str>;
     /// A fatal asynchronous event on one of `qpns` (its QPN and the event's name).
-    fn qp_event(&self, qpns: &[u32]) -> Option<(u32, &'static str)>;
+    fn qp_event(&self, qpns: impl Iterator<Item = u32> + Clone) -> Option<(u32, &'static str)>;
     /// A fatal event of the whole device, as the comm's error.
     fn check_fatal(&self) -> Result<()>;
     /// Adaptive routing on the port's fabric (NCCL_IB_ADAPTIVE_ROUTING).
@@ -100,8 +100,8 @@ impl NicPort for IbPort {
         self.dev.port_state(self.port)
     }
 
-    fn qp_event(&self, qpns: &[u32]) -> Option<(u32, &'static str)> {
-        self.dev.qp_event(qpns.iter().copied())
+    fn qp_event(&self, qpns: impl Iterator<Item = u32> + Clone) -> Option<(u32, &'static str)> {
+        self.dev.qp_event(qpns)
     }
 
     fn check_fatal(&self) -> Result<()> {

@@ -113,7 +113,7 @@ pub struct VerbsRecv<N: Nic = Verbs> {
     map: [u8; MAX_QPS],
     in_failover: bool,
     /// A failover's queue pairs draining (in ERR, their markers posted).
-    draining: Option<(u32, Drain)>,
+    draining: Option<Drain>,
     /// What a failover writes again once the sender has the account, in order, as the send
     /// queues have room (by the coarse ms in `rewrite_by`): each CTS entry of the incomplete
     /// receives alone, then the credit word.
@@ -448,11 +448,11 @@ impl<N: Nic> VerbsRecv<N> {
         // What failed so far, then each of the sender's notices in the order it sent them (a
         // Fail and a Recovered mean different things the other way round).
         loop {
-            if let Some((new, wait)) = &mut self.draining {
-                let new = *new;
+            if let Some(wait) = &mut self.draining {
                 if !wait.done(&mut self.c)? {
                     break;
                 }
+                let new = wait.mask();
                 self.draining = None;
                 self.drained(new)?;
                 continue;
@@ -497,8 +497,7 @@ impl<N: Nic> VerbsRecv<N> {
                 return Err(self.c.post_failed_on(member_of(q, ln), N::qpn(&self.qps[q]), "posting the drain marker", rc));
             }
         }
-        self.draining = Some((new, Drain::new(new)));
-        self.c.set_failing(true);
+        self.draining = Some(Drain::new(new));
         Ok(())
     }
 

@@ -82,7 +82,7 @@ pub struct VerbsSend<N: Nic = Verbs> {
     synced: u32,
     in_failover: bool,
     /// A failover's queue pairs draining (in ERR, their markers posted), and what follows.
-    draining: Option<(u32, Drain, AfterDrain)>,
+    draining: Option<(Drain, AfterDrain)>,
     /// Eager writes the receiver's account asks for again, in ring order (ring slot, header
     /// buffer, header, request slot), posted before anything new as the send queue has room, by
     /// the coarse ms in `resend_by`.
@@ -444,12 +444,12 @@ impl<N: Nic> VerbsSend<N> {
     fn fail_over_now(&mut self) -> Result<()> {
         self.c.resolve()?;
         loop {
-            if let Some((mask, wait, _)) = &mut self.draining {
-                let mask = *mask;
+            if let Some((wait, _)) = &mut self.draining {
                 if !wait.done(&mut self.c)? {
                     break;
                 }
-                let Some((_, _, then)) = self.draining.take() else { break };
+                let Some((wait, then)) = self.draining.take() else { break };
+                let mask = wait.mask();
                 self.c.failed_over(mask);
                 match then {
                     AfterDrain::Tell => self.c.notify(&Notice::Fail { dead: mask })?,
@@ -584,8 +584,7 @@ impl<N: Nic> VerbsSend<N> {
                 return Err(self.c.post_failed_on(member_of(q, ln), N::qpn(&self.qps[q]), "posting the drain marker", rc));
             }
         }
-        self.draining = Some((mask, Drain::new(mask), then));
-        self.c.set_failing(true);
+        self.draining = Some((Drain::new(mask), then));
         Ok(())
     }
 
