@@ -18,8 +18,9 @@
 //! +----------------+----------------+-------------+------+
 //! ```
 
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 /// What a token names. Never 0, so no token is NULL (nor NCCL's
 /// `NCCL_NET_OPTIONAL_RECV_COMPLETION`, 0x1, whose index field is 0).
@@ -102,10 +103,26 @@ impl Token {
 const CHUNK: usize = 256;
 const CHUNKS: usize = 4096;
 
+/// A slot's state word: its generation, and whether a call holds its object or one panicked
+/// holding it. One compare-and-swap from "this generation, free" to "this generation, held" checks
+/// a token and locks its object at once (a `Mutex` beside the generation took a lock, two reads of
+/// the generation and two of the panic count: about 75 instructions of every call NCCL makes).
+const HELD: u32 = 1;
+const POISONED: u32 = 2;
+const GEN_SHIFT: u32 = 2;
+/// A slot without an object: its generation field is the next object's generation with this bit
+/// above it, a value no token's 24-bit generation matches.
+const EMPTY: u32 = 1 << (GEN_SHIFT + GEN_BITS);
+
 struct Slot<T> {
-    gen: AtomicU32,
-    val: Mutex<Option<T>>,
+    state: AtomicU32,
+    val: UnsafeCell<Option<T>>,
 }
+
+// SAFETY: `val` is only reached by whoever set HELD in `state` (one at a time, with Acquire and
+// Release ordering on the state word, as a mutex), so a slot moves its object between threads as
+// a `Mutex<Option<T>>` would.
+unsafe impl<T: Send> Sync for Slot<T> {}
 
 /// A table of objects of one kind (two kinds for comms: send and receive share one table).
 pub struct Table<T> {
@@ -126,21 +143,75 @@ pub enum Stale {
 
 /// Access to one object, for the length of a call.
 pub struct Guard<'a, T> {
-    g: MutexGuard<'a, Option<T>>,
+    slot: &'a Slot<T>,
+    /// The state word to leave behind: the generation, free.
+    free: u32,
 }
 
 impl<T> std::ops::Deref for Guard<'_, T> {
     type Target = T;
+    #[inline]
     fn deref(&self) -> &T {
-        // `get` only makes a guard of a slot that holds an object, and only `remove` (which needs
-        // the same lock) takes it out.
-        self.g.as_ref().expect("a guard holds an object")
+        // SAFETY: the guard holds the slot (HELD set by it), so nothing else reaches `val`.
+        let v = unsafe { &*self.slot.val.get() };
+        // `lock` only makes a guard of a slot that holds an object, and only `remove` (which
+        // needs the slot held) takes it out.
+        v.as_ref().expect("a guard holds an object")
     }
 }
 
 impl<T> std::ops::DerefMut for Guard<'_, T> {
+    #[inline]
     fn deref_mut(&mut self) -> &mut T {
-        self.g.as_mut().expect("a guard holds an object")
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference through the guard.
+        let v = unsafe { &mut *self.slot.val.get() };
+        v.as_mut().expect("a guard holds an object")
+    }
+}
+
+impl<T> Drop for Guard<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        // A call that panicked holding the object leaves it unusable (as a poisoned mutex).
+        let left = if std::thread::panicking() { self.free | POISONED } else { self.free };
+        self.slot.state.store(left, Ordering::Release);
+    }
+}
+
+impl<T> Slot<T> {
+    /// Hold this slot while its generation is `gen` (any generation: None). Waits while another
+    /// call holds it (a call's length: nothing in rivet holds a slot across a wait).
+    fn lock(&self, gen: Option<u32>, poisoned_ok: bool) -> Result<u32, Stale> {
+        let mut v = self.state.load(Ordering::Relaxed);
+        let mut tries = 0u32;
+        loop {
+            if gen.is_some_and(|g| v >> GEN_SHIFT != g) {
+                return Err(Stale::Closed);
+            }
+            if v & POISONED != 0 && !poisoned_ok {
+                return Err(Stale::Poisoned);
+            }
+            if v & HELD == 0 {
+                match self.state.compare_exchange_weak(v, v | HELD, Ordering::Acquire, Ordering::Relaxed) {
+                    Ok(_) => return Ok(v),
+                    Err(now) => {
+                        v = now;
+                        continue;
+                    }
+                }
+            }
+            // Held by another thread (NCCL's service thread registering memory on a comm the
+            // proxy thread tests, say): spin briefly, then give the CPU away.
+            tries += 1;
+            if tries < 64 {
+                std::hint::spin_loop();
+            } else if tries < 128 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            v = self.state.load(Ordering::Relaxed);
+        }
     }
 }
 
@@ -149,6 +220,7 @@ impl<T> Table<T> {
         Table { chunks: [const { OnceLock::new() }; CHUNKS], free: Mutex::new((Vec::new(), 0)) }
     }
 
+    #[inline]
     fn slot(&self, index: u32) -> Option<&Slot<T>> {
         let c = self.chunks.get(index as usize / CHUNK)?.get()?;
         c.get(index as usize % CHUNK)
@@ -169,42 +241,59 @@ impl<T> Table<T> {
             }
         };
         let chunk = self.chunks[index as usize / CHUNK].get_or_init(|| {
-            (0..CHUNK).map(|_| Slot { gen: AtomicU32::new(1), val: Mutex::new(None) }).collect()
+            (0..CHUNK).map(|_| Slot { state: AtomicU32::new(EMPTY | (1 << GEN_SHIFT)), val: UnsafeCell::new(None) }).collect()
         });
         let slot = &chunk[index as usize % CHUNK];
-        let mut g = slot.val.lock().unwrap_or_else(|p| p.into_inner());
-        *g = Some(v);
-        let gen = slot.gen.load(Ordering::Acquire) & GEN_MASK;
+        // An empty slot: no token matches it, so nothing but a stale look (`check`) reaches it.
+        let Ok(state) = slot.lock(None, true) else { unreachable!("lock of any generation") };
+        let mut g = Guard { slot, free: state & !POISONED };
+        // SAFETY: held by `g`.
+        unsafe { *slot.val.get() = Some(v) };
+        let gen = (state >> GEN_SHIFT) & GEN_MASK;
+        g.free = gen << GEN_SHIFT;
+        drop(g);
         Ok(Token { kind, index, gen, req: 0 })
     }
 
     fn check(&self, t: Token) -> Result<&Slot<T>, Stale> {
         let slot = self.slot(t.index).ok_or(Stale::Foreign)?;
-        if slot.gen.load(Ordering::Acquire) & GEN_MASK != t.gen {
+        if slot.state.load(Ordering::Acquire) >> GEN_SHIFT != t.gen {
             return Err(Stale::Closed);
         }
         Ok(slot)
     }
 
-    /// The object `t` names, locked for the caller.
+    /// The object `t` names, held for the caller: one compare-and-swap when nobody else holds it
+    /// (a slot whose generation is the token's holds an object: an empty one has EMPTY set).
+    #[inline]
     pub fn get(&self, t: Token) -> Result<Guard<'_, T>, Stale> {
-        let slot = self.check(t)?;
-        let g = slot.val.lock().map_err(|_| Stale::Poisoned)?;
-        // The generation is changed under the lock: checked again, it holds while we do.
-        if g.is_none() || slot.gen.load(Ordering::Acquire) & GEN_MASK != t.gen {
-            return Err(Stale::Closed);
+        let slot = self.slot(t.index).ok_or(Stale::Foreign)?;
+        let free = t.gen << GEN_SHIFT;
+        match slot.state.compare_exchange_weak(free, free | HELD, Ordering::Acquire, Ordering::Relaxed) {
+            // The generation is changed only with the slot held: it holds while we do.
+            Ok(_) => Ok(Guard { slot, free }),
+            Err(_) => Self::get_slow(slot, t),
         }
-        Ok(Guard { g })
+    }
+
+    /// `get` of a slot held by another call, closed, or poisoned.
+    #[cold]
+    #[inline(never)]
+    fn get_slow(slot: &Slot<T>, t: Token) -> Result<Guard<'_, T>, Stale> {
+        let state = slot.lock(Some(t.gen), false)?;
+        Ok(Guard { slot, free: state })
     }
 
     /// As `get`, but None instead of waiting when another call holds the object.
     pub fn try_get(&self, t: Token) -> Option<Guard<'_, T>> {
-        let slot = self.check(t).ok()?;
-        let g = slot.val.try_lock().ok()?;
-        (g.is_some() && slot.gen.load(Ordering::Acquire) & GEN_MASK == t.gen).then_some(Guard { g })
+        let slot = self.slot(t.index)?;
+        let free = t.gen << GEN_SHIFT;
+        slot.state.compare_exchange(free, free | HELD, Ordering::Acquire, Ordering::Relaxed).ok()?;
+        Some(Guard { slot, free })
     }
 
     /// Whether `t` still names an object (it may be held by a call right now).
+    #[inline]
     pub fn live(&self, t: Token) -> bool {
         self.check(t).is_ok()
     }
@@ -212,12 +301,12 @@ impl<T> Table<T> {
     /// Take the object out: `t` and every token of it (its requests) are stale from now on.
     pub fn remove(&self, t: Token) -> Result<T, Stale> {
         let slot = self.check(t)?;
-        let mut g = slot.val.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.gen.load(Ordering::Acquire) & GEN_MASK != t.gen {
-            return Err(Stale::Closed);
-        }
-        let v = g.take().ok_or(Stale::Closed)?;
-        slot.gen.store((t.gen + 1) & GEN_MASK, Ordering::Release);
+        // A poisoned object can still be closed (and its resources released).
+        let state = slot.lock(Some(t.gen), true)?;
+        let mut g = Guard { slot, free: state };
+        // SAFETY: held by `g`.
+        let v = unsafe { (*slot.val.get()).take() }.ok_or(Stale::Closed)?;
+        g.free = EMPTY | ((t.gen + 1) & GEN_MASK) << GEN_SHIFT;
         drop(g);
         self.free.lock().unwrap_or_else(|p| p.into_inner()).0.push(t.index);
         Ok(v)
@@ -273,5 +362,64 @@ mod tests {
         assert!(t.try_get(a).is_none());
         drop(g);
         assert_eq!(*t.try_get(a).unwrap(), 7);
+    }
+
+    #[test]
+    fn a_token_of_a_slot_never_filled_or_emptied_names_nothing() {
+        let t: Table<u32> = Table::new();
+        let a = t.insert(Kind::Mr, 1).ok().unwrap();
+        // The next slot of the same chunk exists, empty, at the first generation.
+        let forged = Token { index: a.index + 1, ..a };
+        assert_eq!(t.get(forged).err(), Some(Stale::Closed));
+        assert!(t.try_get(forged).is_none() && !t.live(forged));
+        assert_eq!(t.remove(a).unwrap(), 1);
+        // The emptied slot's next generation, before any object has it.
+        let next = Token { gen: a.gen + 1, ..a };
+        assert_eq!(t.get(next).err(), Some(Stale::Closed));
+        assert!(t.try_get(next).is_none());
+        let b = t.insert(Kind::Mr, 2).ok().unwrap();
+        assert_eq!(b, next);
+        assert_eq!(*t.get(b).unwrap(), 2);
+    }
+
+    #[test]
+    fn a_panic_holding_an_object_poisons_it_and_close_still_takes_it() {
+        let t: Table<u32> = Table::new();
+        let a = t.insert(Kind::SendComm, 3).ok().unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _g = t.get(a).unwrap();
+            panic!("inside a call");
+        }));
+        assert!(r.is_err());
+        assert_eq!(t.get(a).err(), Some(Stale::Poisoned));
+        assert!(t.try_get(a).is_none());
+        assert_eq!(t.remove(a).unwrap(), 3);
+        let b = t.insert(Kind::SendComm, 4).ok().unwrap();
+        assert_eq!(*t.get(b).unwrap(), 4, "the slot is usable again, unpoisoned");
+    }
+
+    #[test]
+    fn calls_from_two_threads_on_one_object_take_turns() {
+        let t: &'static Table<u64> = Box::leak(Box::new(Table::new()));
+        let a = t.insert(Kind::RecvComm, 0).ok().unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        let mut g = t.get(a).unwrap();
+                        // A read and a write apart: lost updates if two calls held it at once.
+                        let v = *g;
+                        std::hint::black_box(&v);
+                        *g = v + 1;
+                    }
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().unwrap();
+        }
+        assert_eq!(*t.get(a).unwrap(), 80_000);
+        assert_eq!(t.remove(a).unwrap(), 80_000);
+        assert_eq!(t.get(a).err(), Some(Stale::Closed));
     }
 }
