@@ -179,15 +179,22 @@ fn kind_name(send: bool) -> &'static str {
     }
 }
 
-/// The comm behind a send (`send`) or receive comm handle, locked for this call.
+/// The comm behind a send (`send`) or receive comm handle, held for this call: inline up to the
+/// one compare-and-swap of a live comm, the errors out of line.
 #[inline]
 fn comm(p: *mut c_void, send: bool) -> Result<(Token, Guard<'static, Comm>)> {
     let kind = if send { Kind::SendComm } else { Kind::RecvComm };
-    match Token::from_ptr(p).filter(|t| t.kind == kind).map(|t| (t, COMMS.get(t))) {
-        Some((t, Ok(g))) => Ok((t, g)),
-        Some((_, Err(e))) => Err(stale(kind_name(send), p, e)),
-        None => Err(not_token(p, kind_name(send))),
+    let Some(t) = Token::from_ptr(p).filter(|t| t.kind == kind) else { return Err(not_token(p, kind_name(send))) };
+    match COMMS.get(t) {
+        Ok(g) => Ok((t, g)),
+        Err(e) => Err(stale_comm(p, send, e)),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn stale_comm(p: *mut c_void, send: bool, e: Stale) -> Error {
+    stale(kind_name(send), p, e)
 }
 
 /// Either kind of comm (memory registration accepts both).

@@ -1052,17 +1052,23 @@ impl<N: Nic> Common<N> {
     /// Called when a call made no progress: notices a vanished peer or a fatal device event.
     #[inline]
     pub(super) fn idle(&mut self, outstanding: usize) -> Result<()> {
-        // The coarse clock is no system call on any host (see `sys::clock`); looked at only every
-        // IDLE_CALLS idle calls all the same (the count stays inline: every idle `test` makes it).
-        self.idle_calls = self.idle_calls.wrapping_add(1);
-        if self.idle_calls % IDLE_CALLS != 0 {
+        if !self.idle_tick() {
             return Ok(());
         }
         self.idle_check(outstanding)
     }
 
+    /// Count an idle call; whether the liveness check is due at it. The coarse clock is no
+    /// system call on any host (see `sys::clock`); looked at only every IDLE_CALLS idle calls
+    /// all the same (the count stays inline: every idle `test` makes it).
+    #[inline]
+    pub(super) fn idle_tick(&mut self) -> bool {
+        self.idle_calls = self.idle_calls.wrapping_add(1);
+        self.idle_calls % IDLE_CALLS == 0
+    }
+
     #[inline(never)]
-    fn idle_check(&mut self, outstanding: usize) -> Result<()> {
+    pub(super) fn idle_check(&mut self, outstanding: usize) -> Result<()> {
         let now = crate::sys::clock::coarse_ms();
         if now.saturating_sub(self.last_check) < LIVENESS_EVERY.as_millis() as u64 {
             return Ok(());

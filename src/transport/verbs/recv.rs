@@ -112,6 +112,8 @@ pub struct VerbsRecv<N: Nic = Verbs> {
     /// Which queue pair carries each logical one's writes (after queue pairs failed).
     map: [u8; MAX_QPS],
     in_failover: bool,
+    /// The last idle moment found nothing to do and nothing happened since (see `idle`).
+    calm: bool,
     /// A failover's queue pairs draining (in ERR, their markers posted).
     draining: Option<Drain>,
     /// What a failover writes again once the sender has the account, in order, as the send
@@ -181,6 +183,7 @@ impl<N: Nic> VerbsRecv<N> {
             credit_at: None,
             map: std::array::from_fn(|q| q as u8),
             in_failover: false,
+            calm: false,
             draining: None,
             rewrites: std::collections::VecDeque::new(),
             rewrite_by: 0,
@@ -248,6 +251,7 @@ impl<N: Nic> VerbsRecv<N> {
     /// packet's worth of the CPU's time, which the answer to the message just received would
     /// otherwise wait for.
     fn drain_ring(&mut self) -> Result<()> {
+        self.calm = false;
         while let Some(slot) = self.eng.next_eager() {
             // SAFETY: `slot < RING_SLOTS`, inside the ring buffer (RING_SLOTS slots of slot_bytes).
             let p = unsafe { self.ring.ptr().add(slot * self.slot_bytes) };
@@ -325,18 +329,42 @@ impl<N: Nic> VerbsRecv<N> {
     }
 
     /// Nothing moved: liveness, the device's events and the peer's notices, and a failover
-    /// they call for.
+    /// they call for. Of a calm comm (the last idle moment found nothing to do, and nothing
+    /// happened since), only the count of idle calls, up to the liveness check it makes due.
     #[inline]
     fn idle(&mut self) -> Result<()> {
+        let check = self.c.idle_tick();
+        if self.calm && !check {
+            return Ok(());
+        }
+        self.idle_work(check)
+    }
+
+    /// `idle` of a comm that is not calm, or whose liveness check is due (`check`).
+    #[inline(never)]
+    fn idle_work(&mut self, check: bool) -> Result<()> {
+        self.calm = false;
         if self.eng.credit_pending() {
             self.write_credit()?;
         }
         // In batches of a quarter of the queue or more (see `progress`).
-        self.top_up(self.rq - self.rq / 4)?;
-        self.c.idle(self.eng.outstanding())?;
+        let low = self.rq - self.rq / 4;
+        self.top_up(low)?;
+        if check {
+            self.c.idle_check(self.eng.outstanding())?;
+        }
         if self.c.failover_due() || self.c.qdead != 0 {
             self.idle_failover()?;
         }
+        // Calm: the next idle moments would find nothing of the above to do. Every other call
+        // (a completion polled, a receive posted or taken, a flush, eager payloads moved) ends
+        // it, so only this full look starts it again.
+        self.calm = !self.eng.credit_pending()
+            && self.copies.is_empty()
+            && self.c.quiet()
+            && self.c.qdead == 0
+            && self.recovering == 0
+            && self.posted_recvs[..self.qps.len()].iter().all(|&p| p > low);
         Ok(())
     }
 
@@ -690,6 +718,7 @@ impl<N: Nic> VerbsRecv<N> {
     /// every member: the CTS entry carries them).
     #[inline(always)]
     fn irecv_into(&mut self, bufs: &[RecvBuf], specs: &mut [RecvSpec], keys: &mut [CtsKeys]) -> Result<Option<u32>> {
+        self.calm = false;
         self.c.check()?;
         let n = bufs.len().min(specs.len());
         let dev = members_id(self.c.ports);
@@ -757,6 +786,7 @@ impl<N: Nic> VerbsRecv<N> {
     /// `progress` of the `n` completions polled into `self.c.wc`.
     #[inline(never)]
     fn progress_polled(&mut self, n: usize) -> Result<bool> {
+        self.calm = false;
         let ln = self.c.ports.len();
         for i in 0..n {
             let wc = self.c.wc[i];
@@ -840,6 +870,7 @@ impl<N: Nic> Conn for VerbsRecv<N> {
     }
 
     fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+        self.calm = false;
         self.c.check()?;
         if self.c.set.flush_disable {
             return Ok(None);
@@ -895,6 +926,8 @@ impl<N: Nic> Conn for VerbsRecv<N> {
             }
         }
         if let Some(n) = self.eng.take(slot, sizes).map_err(|e| self.c.proto(e))? {
+            // A receive taken may make a credit due.
+            self.calm = false;
             return Ok(Some(n));
         }
         if !moved {
