@@ -120,6 +120,9 @@ pub struct Comm {
     /// passes the same few handles again and again, and a registration never changes while its
     /// handle is live (checked by generation, without the table's lock).
     last_mr: Option<(usize, Token, MrInfo)>,
+    /// Where `test` has the transport write a finished request's sizes (kept, not made and
+    /// zeroed at every call).
+    sizes: [usize; MAX_RECVS],
 }
 
 impl Comm {
@@ -167,7 +170,7 @@ impl Comm {
             return Err(Error::internal(format!("a comm with {} request slots (at most {MAX_REQUESTS})", conn.capacity())));
         }
         let kind = if send { Kind::SendComm } else { Kind::RecvComm };
-        Ok(COMMS.insert(kind, Comm { send, dev, conn, events: Vec::new(), posted: 0, ev_buf: Vec::new(), last_mr: None }).map_err(|_| full("comm"))?.to_ptr())
+        Ok(COMMS.insert(kind, Comm { send, dev, conn, events: Vec::new(), posted: 0, ev_buf: Vec::new(), last_mr: None, sizes: [0; MAX_RECVS] }).map_err(|_| full("comm"))?.to_ptr())
     }
 }
 
@@ -413,33 +416,56 @@ pub unsafe fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<
     let Some(t) = Token::from_ptr(req).filter(|t| t.kind == Kind::Request) else {
         return Err(Error::internal(format!("test on {req:p}, which is not a rivet request")));
     };
-    let mut c = COMMS.get(t).map_err(|e| match e {
-        Stale::Closed => Error::internal(format!("test on request {req:p} of a comm that was already closed")),
-        e => stale("request", req, e),
-    })?;
-    let dev = c.dev;
-    let mut out = [0usize; MAX_RECVS];
-    let res = c.conn.test(t.req, &mut out);
-    if let Ok(Some(_)) = res {
-        c.profile_stop(t.req);
-    }
-    drop(c);
-    progress_pending(t);
-    match res {
-        Ok(None) => {}
-        // SAFETY: the caller's promise for `done`, and for `sizes` (non-NULL: at least the
-        // request's `n` ints, n <= MAX_RECVS).
-        Ok(Some(n)) => unsafe {
-            *done = 1;
-            if !sizes.is_null() {
-                for (i, s) in out.iter().enumerate().take(n) {
-                    *sizes.add(i) = (*s).min(i32::MAX as usize) as i32;
+    let mut c = match COMMS.get(t) {
+        Ok(c) => c,
+        Err(e) => return Err(stale_request(req, e)),
+    };
+    let cm = &mut *c;
+    match cm.conn.test(t.req, &mut cm.sizes) {
+        Ok(None) => {
+            drop(c);
+            progress_pending(t);
+        }
+        Ok(Some(n)) => {
+            c.profile_stop(t.req);
+            let out = c.sizes;
+            drop(c);
+            progress_pending(t);
+            // SAFETY: the caller's promise for `done`, and for `sizes` (non-NULL: at least the
+            // request's `n` ints, n <= MAX_RECVS).
+            unsafe {
+                *done = 1;
+                if !sizes.is_null() {
+                    for (i, s) in out.iter().enumerate().take(n) {
+                        *sizes.add(i) = (*s).min(i32::MAX as usize) as i32;
+                    }
                 }
             }
-        },
-        Err(e) => return Err(Error::new(e.kind, format!("{e} [dev {dev}]"))),
+        }
+        Err(e) => {
+            let dev = c.dev;
+            drop(c);
+            progress_pending(t);
+            return Err(on_dev(e, dev));
+        }
     }
     Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn stale_request(req: *mut c_void, e: Stale) -> Error {
+    match e {
+        Stale::Closed => Error::internal(format!("test on request {req:p} of a comm that was already closed")),
+        e => stale("request", req, e),
+    }
+}
+
+/// A transport's error, with the device it happened on.
+#[cold]
+#[inline(never)]
+fn on_dev(e: Error, dev: i32) -> Error {
+    Error::new(e.kind, format!("{e} [dev {dev}]"))
 }
 
 pub fn close_comm(p: *mut c_void, send: bool) -> Result<()> {

@@ -424,6 +424,16 @@ impl Recv {
             if std::env::var("RIVET_SIM_TRACE").is_ok() {
                 eprintln!("step {}: receiver reads ring slot {slot}: seq {} flags {} size {}", sim.steps, h.seq, h.flags, h.size);
             }
+            // The production shell's straight path (host copies done at once), where it applies.
+            if !sim.cfg.async_copy {
+                if let Some((dst, len)) = self.eng.eager_straight(&h) {
+                    let s = o + EAGER_HDR;
+                    let d = (dst - RECV_BASE) as usize;
+                    let bytes = sim.ring[s..s + len].to_vec();
+                    sim.arena[d..d + len].copy_from_slice(&bytes);
+                    continue;
+                }
+            }
             match self.eng.on_eager(h)? {
                 EagerStep::Wait => break,
                 EagerStep::Consumed => {}

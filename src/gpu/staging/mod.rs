@@ -361,8 +361,11 @@ impl Conn for Staged {
         if slot >= self.icap {
             return self.test_managed(slot - self.icap, sizes);
         }
+        if self.send || !self.stats_on {
+            return self.inner.test(slot as u32, sizes);
+        }
         let r = self.inner.test(slot as u32, sizes)?;
-        if let (Some(n), false, true) = (r, self.send, self.stats_on) {
+        if let Some(n) = r {
             self.count_received(slot, n, sizes);
         }
         Ok(r)

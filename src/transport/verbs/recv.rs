@@ -258,6 +258,14 @@ impl<N: Nic> VerbsRecv<N> {
             // SAFETY: the header is aligned in the slot; volatile because the NIC wrote it (its
             // immediate has been seen, so the write is complete).
             let h = unsafe { std::ptr::read_volatile(p as *const EagerHdr) };
+            if let Some((dst, len)) = self.eng.eager_straight(&h) {
+                // SAFETY: as for a host copy below (`EagerCopies::copy`): the payload follows the
+                // header in the slot, `len` bytes (at most eager_max, checked by the engine);
+                // `dst` is the receive's host buffer, lent to this comm until it completes, of
+                // at least `len` bytes. Nothing is copied out before it (the engine checked).
+                unsafe { std::ptr::copy_nonoverlapping(p.add(EAGER_HDR), dst as *mut u8, len) };
+                continue;
+            }
             match self.eng.on_eager(h) {
                 Err(e) => return Err(self.c.proto(e)),
                 Ok(EagerStep::Wait) => break,
@@ -278,7 +286,9 @@ impl<N: Nic> VerbsRecv<N> {
                 }
             }
         }
-        self.retire_copies()?;
+        if !self.copies.is_empty() {
+            self.retire_copies()?;
+        }
         if !self.eng.credit_pressing() {
             return Ok(());
         }
@@ -910,6 +920,47 @@ impl<N: Nic> Conn for VerbsRecv<N> {
     }
 
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
+        // The straight path of most calls: a calm comm (nothing copying, nothing due at an idle
+        // moment: see `idle`) whose request still waits polls once, and when that finds nothing,
+        // counts the idle call and returns.
+        if self.calm && matches!(self.eng.waiting(slot), Ok(true)) {
+            let n = self.c.poll(&self.cqs)?;
+            if n == 0 && !self.c.idle_tick() {
+                return Ok(None);
+            }
+            return self.test_polled(slot, sizes, n);
+        }
+        self.test_general(slot, sizes)
+    }
+
+    fn capacity(&self) -> usize {
+        RECV_REQS + FLUSH_REQS
+    }
+
+    fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
+        let ar_split = self.ar && size > self.c.set.ar_threshold;
+        super::conn::plan_events::<N>(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar_split, out);
+    }
+}
+
+impl<N: Nic> VerbsRecv<N> {
+    /// `test`'s straight path after its poll: `n` completions to act on, or none and the
+    /// liveness check due.
+    #[inline(never)]
+    fn test_polled(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS], n: usize) -> Result<Option<usize>> {
+        if n == 0 {
+            self.idle_work(true)?;
+            return Ok(None);
+        }
+        self.progress_polled(n)?;
+        let done = self.eng.take(slot, sizes).map_err(|e| self.c.proto(e))?;
+        // (`progress_polled` ended the calm.)
+        Ok(done)
+    }
+
+    /// `test` of a comm that is not calm, or of a request that no longer waits.
+    #[inline(never)]
+    fn test_general(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
         let waiting = self.eng.waiting(slot).map_err(|e| self.c.proto(e))?;
         let mut moved = false;
         if waiting {
@@ -934,14 +985,5 @@ impl<N: Nic> Conn for VerbsRecv<N> {
             self.idle()?;
         }
         Ok(None)
-    }
-
-    fn capacity(&self) -> usize {
-        RECV_REQS + FLUSH_REQS
-    }
-
-    fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
-        let ar_split = self.ar && size > self.c.set.ar_threshold;
-        super::conn::plan_events::<N>(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar_split, out);
     }
 }

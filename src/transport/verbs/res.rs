@@ -286,8 +286,18 @@ impl MqpRetry {
     }
 }
 
-fn modify(qp: &Qp, attr: &mut ibv_qp_attr, mask: u32, what: &str, port: &IbPort) -> Result<()> {
-    let retry = crate::config::get().ib_mqp_retry;
+/// NCCL_IB_MQP_RETRY_*'s retries, with their sleeps: at setup, as net_ib.
+fn setup_retry() -> MqpRetry {
+    crate::config::get().ib_mqp_retry
+}
+
+/// No retry: a queue pair taken back or failed over from inside `test`, `isend` or `irecv`,
+/// which must not sleep on NCCL's proxy thread. A recovery that fails is tried again at its
+/// next attempt (NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY later), which stands for the
+/// retry; the error says so.
+const NO_RETRY: MqpRetry = MqpRetry { all: false, count: 0, sleep_ms: 0 };
+
+fn modify(qp: &Qp, attr: &mut ibv_qp_attr, mask: u32, what: &str, port: &IbPort, retry: MqpRetry) -> Result<()> {
     let (rc, retries) = retry.run(
         // SAFETY: `modify_qp` is ibv_modify_qp, resolved with the C signature declared in Verbs;
         // qp.raw is live (Qp destroys it only in Drop, and it is borrowed here), and `attr` is an
@@ -309,7 +319,13 @@ fn modify(qp: &Qp, attr: &mut ibv_qp_attr, mask: u32, what: &str, port: &IbPort)
         },
     );
     if rc != 0 {
-        let after = if retries > 0 { format!(" (after {retries} retries: NCCL_IB_MQP_RETRY_CNT)") } else { String::new() };
+        let after = if retries > 0 {
+            format!(" (after {retries} retries: NCCL_IB_MQP_RETRY_CNT)")
+        } else if retry.count == 0 && rc == libc::ETIMEDOUT {
+            " (not retried inside a data-path call: the next recovery attempt tries again)".to_string()
+        } else {
+            String::new()
+        };
         return Err(Error::system(format!(
             "{}:{}: moving QP {} to {what} failed: {}{after}",
             port.dev.name,
@@ -370,7 +386,7 @@ impl QpInit {
             )));
         }
         let qp = Qp { raw, max_inline: attr.cap.max_inline_data };
-        to_init(&qp, port, access, pkey_index)?;
+        to_init(&qp, port, access, pkey_index, setup_retry())?;
         Ok(QpInit(qp))
     }
 
@@ -380,13 +396,13 @@ impl QpInit {
 
     /// Connect to the remote QP: INIT → RTR.
     pub fn rtr(self, port: &IbPort, remote: &RemoteQp, p: &PathParams) -> Result<QpRtr> {
-        to_rtr(&self.0, port, remote, p)?;
+        to_rtr(&self.0, port, remote, p, setup_retry())?;
         Ok(QpRtr(self.0))
     }
 }
 
 /// RESET → INIT on `port` with `access`.
-fn to_init(qp: &Qp, port: &IbPort, access: u32, pkey_index: u16) -> Result<()> {
+fn to_init(qp: &Qp, port: &IbPort, access: u32, pkey_index: u16, retry: MqpRetry) -> Result<()> {
     // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
     // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
     // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
@@ -396,14 +412,14 @@ fn to_init(qp: &Qp, port: &IbPort, access: u32, pkey_index: u16) -> Result<()> {
     a.pkey_index = pkey_index;
     a.port_num = port.port;
     a.qp_access_flags = access;
-    modify(qp, &mut a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT", port)
+    modify(qp, &mut a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT", port, retry)
 }
 
 /// Warned once: a peer across subnets without a FLID.
 static NO_FLID_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// INIT → RTR towards `remote`.
-fn to_rtr(qp: &Qp, port: &IbPort, remote: &RemoteQp, p: &PathParams) -> Result<()> {
+fn to_rtr(qp: &Qp, port: &IbPort, remote: &RemoteQp, p: &PathParams, retry: MqpRetry) -> Result<()> {
     // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
     // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
     // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
@@ -442,11 +458,11 @@ fn to_rtr(qp: &Qp, port: &IbPort, remote: &RemoteQp, p: &PathParams) -> Result<(
         | IBV_QP_RQ_PSN
         | IBV_QP_MAX_DEST_RD_ATOMIC
         | IBV_QP_MIN_RNR_TIMER;
-    modify(qp, &mut a, mask, "RTR", port)
+    modify(qp, &mut a, mask, "RTR", port, retry)
 }
 
 /// RTR → RTS with the retry settings.
-fn to_rts(qp: &Qp, port: &IbPort, p: &PathParams) -> Result<()> {
+fn to_rts(qp: &Qp, port: &IbPort, p: &PathParams, retry: MqpRetry) -> Result<()> {
     // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
     // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
     // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
@@ -459,13 +475,13 @@ fn to_rts(qp: &Qp, port: &IbPort, p: &PathParams) -> Result<()> {
     a.sq_psn = 0;
     a.max_rd_atomic = 1;
     let mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
-    modify(qp, &mut a, mask, "RTS", port)
+    modify(qp, &mut a, mask, "RTS", port, retry)
 }
 
 impl QpRtr {
     /// RTR → RTS with the retry settings.
     pub fn rts(self, port: &IbPort, p: &PathParams) -> Result<QpRts> {
-        to_rts(&self.0, port, p)?;
+        to_rts(&self.0, port, p, setup_retry())?;
         Ok(QpRts(self.0))
     }
 }
@@ -494,8 +510,8 @@ impl QpRts {
         // SAFETY: ibv_qp_attr is plain C data (see `to_init`); only the state is read for this mask.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = IBV_QPS_RESET;
-        modify(&self.0, &mut a, IBV_QP_STATE, "RESET", port)?;
-        to_init(&self.0, port, l.access, l.pkey_index)?;
+        modify(&self.0, &mut a, IBV_QP_STATE, "RESET", port, NO_RETRY)?;
+        to_init(&self.0, port, l.access, l.pkey_index, NO_RETRY)?;
         if let Some(e) = l.ece {
             self.0.set_ece(e).map_err(|rc| {
                 Error::system(format!(
@@ -507,12 +523,12 @@ impl QpRts {
                 ))
             })?;
         }
-        to_rtr(&self.0, port, &l.remote, &l.params)
+        to_rtr(&self.0, port, &l.remote, &l.params, NO_RETRY)
     }
 
     /// The second half of taking a queue pair back: RTR → RTS.
     pub fn back_to_rts(&self, port: &IbPort, l: &Link) -> Result<()> {
-        to_rts(&self.0, port, &l.params)
+        to_rts(&self.0, port, &l.params, NO_RETRY)
     }
 
     /// Move a failed queue pair to ERR: nothing more arrives through it, and every work request
@@ -521,7 +537,10 @@ impl QpRts {
         // SAFETY: ibv_qp_attr is plain C data (see `rtr`); only the state is read for this mask.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = IBV_QPS_ERR;
-        modify(&self.0, &mut a, IBV_QP_STATE, "ERR", port)
+        // Still net_ib's retries, sleeps included, though a failover reaches it from a data-path
+        // call: a failover cannot go on without the queue pair in ERR (it would keep sending),
+        // and a comm killed for a busy firmware's ETIMEDOUT loses the job a wait would save.
+        modify(&self.0, &mut a, IBV_QP_STATE, "ERR", port, setup_retry())
     }
 }
 
