@@ -5,7 +5,10 @@
 //! into work requests ([`send`](super::send), [`recv`](super::recv)). The protocol itself is
 //! described in `docs/protocol.md`.
 //!
-//! This module holds what both directions share: liveness and the text of errors. `test` polls
+//! This module holds what both directions share: the queue depths and work-request ids, the
+//! comm's state (`Common`), its polling and the text of errors; its children hold the failure
+//! state later calls take up (`failover`), the notices to and from the peer (`notices`) and what
+//! an idle call looks at (`liveness`); `super::post` books and posts work requests. `test` polls
 //! the comm's one CQ in batches; a failed completion kills the comm with a WARN naming device,
 //! port, QPN, peer, status, vendor error and a hint; later calls fail fast. A peer that vanished
 //! (out-of-band socket closed) fails pending requests after a grace period. Nothing on the data
@@ -18,17 +21,20 @@ use crate::proto::verbs::{Mismatch, Notice, EAGER_HDR, MAX_NOTICE};
 use crate::proto::{Explain, ProtoError};
 use crate::sys::ib::*;
 use crate::sys::verbs::{wc_status_hint, wc_status_name};
-use crate::transport::MrInfo;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
+mod failover;
+mod liveness;
+mod notices;
+
+pub(super) use super::post::{mr_for, post_chain, rdma_wr, SqBook};
+pub(super) use failover::{once, Drain};
+use liveness::event_hint;
 pub use crate::proto::recv::{FLUSH_REQS, RECV_REQS};
 pub use crate::proto::send::{RTS_HDRS, SEND_REQS};
 const POLL_BATCH: usize = 16;
-/// Signal one in this many unsignaled writes per QP (they hold send-queue slots until a later
-/// signaled one completes).
-pub(super) const SIGNAL_EVERY: u32 = 32;
 /// How long completions may still arrive after the peer's socket closed.
 const EOF_GRACE: Duration = Duration::from_millis(500);
 /// How long a failed completion of the kind a dead link causes waits for the port's state or
@@ -51,8 +57,8 @@ pub(super) const KIND_SHIFT: u32 = 56;
 pub(super) const PART_SHIFT: u32 = 12;
 pub(super) const REQ_MASK: u64 = (1 << PART_SHIFT) - 1;
 const _: () = assert!(SEND_REQS + RTS_HDRS <= REQ_MASK as usize && crate::proto::verbs::MAX_QPS <= 16);
-const QP_SHIFT: u32 = 48;
-const SEQ_SHIFT: u32 = 16;
+pub(super) const QP_SHIFT: u32 = 48;
+pub(super) const SEQ_SHIFT: u32 = 16;
 pub(super) const KIND_SEND: u64 = 1;
 pub(super) const KIND_RECV: u64 = 2;
 /// The id of the receives a receiver keeps posted (what setup posts, and a NIC completes).
@@ -190,164 +196,6 @@ pub const HDRS_BYTES: usize = (SEND_REQS + RTS_HDRS) * EAGER_HDR;
 /// Bytes of one eager ring slot for a given eager limit.
 pub fn slot_bytes(eager_max: usize) -> usize {
     (EAGER_HDR + eager_max).next_multiple_of(64)
-}
-
-/// The book of a comm's send queues: work requests posted and not yet known complete, per queue
-/// pair. Work requests complete in order, so a signaled completion retires every one posted
-/// before it on its queue pair; unsignaled ones are retired only that way, and one in every
-/// SIGNAL_EVERY is signaled so that none waits long. A post that finds no room is not made: the
-/// caller reaps completions, and else tells NCCL "not yet" or defers it.
-pub(super) struct SqBook {
-    depth: u32,
-    /// One in this many posts is signaled: SIGNAL_EVERY, or half the depth of a shallower queue.
-    every: u32,
-    posted: [u64; crate::proto::verbs::MAX_QPS],
-    retired: [u64; crate::proto::verbs::MAX_QPS],
-    unsignaled: [u32; crate::proto::verbs::MAX_QPS],
-}
-
-impl SqBook {
-    pub(super) fn new(depth: u32) -> SqBook {
-        const N: usize = crate::proto::verbs::MAX_QPS;
-        // Room for a post is always there once the signaled work requests are reaped: at most
-        // `every - 1` unsignaled ones wait for a later signaled one, plus the largest post (2).
-        assert!(depth >= 4, "a send queue of {depth}");
-        SqBook { depth, every: SIGNAL_EVERY.min(depth / 2), posted: [0; N], retired: [0; N], unsignaled: [0; N] }
-    }
-
-    /// The room a queue pair is sure to have once its signaled work requests are reaped (up to
-    /// `every - 1` unsignaled ones wait for a later signaled one).
-    pub(super) fn most_room(&self) -> u32 {
-        self.depth - (self.every - 1)
-    }
-
-    /// Work requests queue pair `q` can take now.
-    pub(super) fn room(&self, q: usize) -> u32 {
-        self.depth - (self.posted[q] - self.retired[q]) as u32
-    }
-
-    /// The place of the last work request booked on `q` (the count of posts so far).
-    pub(super) fn last_place(&self, q: usize) -> u64 {
-        self.posted[q]
-    }
-
-    /// Whether the work request booked at `place` on `q` is known complete.
-    pub(super) fn done(&self, q: usize, place: u64) -> bool {
-        self.retired[q] >= place
-    }
-
-    /// Whether the next unsignaled post on `q` will be signaled (ending a run of them).
-    pub(super) fn signals_next(&self, q: usize) -> bool {
-        self.unsignaled[q] + 1 >= self.every
-    }
-
-    /// Book the first `k` of `wrs` for posting on `q` (the caller checked `room`): each signaled
-    /// one gets its place in the queue in its id, and the last is signaled (with a control id,
-    /// which no request waits for) if it would otherwise end a run of `every` unsignaled ones.
-    pub(super) fn book(&mut self, q: usize, wrs: &mut [ibv_send_wr], k: usize) {
-        debug_assert!(k as u32 <= self.room(q));
-        for (i, w) in wrs.iter_mut().enumerate().take(k) {
-            self.posted[q] += 1;
-            if w.send_flags & IBV_SEND_SIGNALED == 0 {
-                self.unsignaled[q] += 1;
-                if i + 1 < k || self.unsignaled[q] < self.every {
-                    continue;
-                }
-                w.send_flags |= IBV_SEND_SIGNALED;
-                w.wr_id = KIND_CTRL << KIND_SHIFT;
-            }
-            self.unsignaled[q] = 0;
-            w.wr_id = (w.wr_id & !(0x00ff_ffff_ffff_u64 << SEQ_SHIFT)) | (q as u64) << QP_SHIFT | (self.posted[q] as u32 as u64) << SEQ_SHIFT;
-        }
-    }
-
-    /// Queue pair `q` was reset (taken back after a failover): its queue is empty.
-    pub(super) fn reset(&mut self, q: usize) {
-        self.posted[q] = 0;
-        self.retired[q] = 0;
-        self.unsignaled[q] = 0;
-    }
-
-    /// A successful signaled completion with this id: the work requests up to it are done.
-    pub(super) fn retire(&mut self, wr_id: u64) {
-        let q = ((wr_id >> QP_SHIFT) & 0xff) as usize;
-        if q >= self.posted.len() {
-            return;
-        }
-        let seq = (wr_id >> SEQ_SHIFT) as u32;
-        let behind = (self.posted[q] as u32).wrapping_sub(seq) as u64;
-        let upto = self.posted[q].saturating_sub(behind);
-        if upto > self.retired[q] {
-            self.retired[q] = upto;
-        }
-    }
-}
-
-/// Run `f` on a shell unless a call of it is already under way there (`busy`): a failover polls
-/// while it drains, and a poll may call for another.
-pub(super) fn once<S>(s: &mut S, busy: fn(&mut S) -> &mut bool, f: fn(&mut S) -> Result<()>) -> Result<()> {
-    if *busy(s) {
-        return Ok(());
-    }
-    *busy(s) = true;
-    let r = f(s);
-    *busy(s) = false;
-    r
-}
-
-/// A failover's wait (bounded) for the drain markers of queue pairs `mask`. A provider that does
-/// not flush a marker posted to a queue pair in ERR (Soft-RoCE of some kernels, for receive
-/// queues): after MARKER_WAIT, the queue pairs count as drained once none of them has given a
-/// completion for QUIET (nothing new reaches a queue pair in ERR, and what had reached it is in
-/// the CQ by then; the live ones' traffic does not count).
-pub(super) struct Drain {
-    mask: u32,
-    start: Instant,
-    quiet_since: Instant,
-    /// Failed completions of the queue pairs drained, when last looked at.
-    seen: u64,
-}
-
-impl Drain {
-    pub(super) fn new(mask: u32) -> Drain {
-        let now = Instant::now();
-        Drain { mask, start: now, quiet_since: now, seen: 0 }
-    }
-
-    /// The queue pairs drained.
-    pub(super) fn mask(&self) -> u32 {
-        self.mask
-    }
-
-    /// Whether the queue pairs count as drained yet (Err once DRAIN_WAIT is over). Never waits:
-    /// the shell asks again at its next call, after polling.
-    pub(super) fn done<N: Nic>(&mut self, c: &mut Common<N>) -> Result<bool> {
-        let drained = c.drained;
-        if drained & self.mask == self.mask {
-            return Ok(true);
-        }
-        let now = Instant::now();
-        let seen: u64 = (0..c.ndata).filter(|&q| self.mask & (1 << q) != 0).map(|q| c.flushed[q] as u64).sum();
-        if seen != self.seen {
-            self.seen = seen;
-            self.quiet_since = now;
-        }
-        if now.duration_since(self.start) > MARKER_WAIT && now.duration_since(self.quiet_since) > QUIET {
-            log::info!(
-                "NET/rivet: {}: queue pair(s) {:#x} in ERR: the provider did not flush the drain marker within {} ms; counted as drained after {} ms without a completion (failed completions per queue pair: {:?})",
-                c.where_(0),
-                self.mask & !drained,
-                MARKER_WAIT.as_millis(),
-                QUIET.as_millis(),
-                &c.flushed[..c.ndata]
-            );
-            return Ok(true);
-        }
-        if now.duration_since(self.start) > DRAIN_WAIT {
-            return Err(c.drain_timeout(self.mask & !drained));
-        }
-        Ok(false)
-    }
 }
 
 /// A failed completion whose meaning waits for its port's verdict (Soft-RoCE fails a send with
@@ -562,13 +410,19 @@ impl<N: Nic> Common<N> {
     /// work requests of an already dead comm are only reaped) and has its `wr_id` cleared, so
     /// callers see only successful completions by kind; they call `check` after handling them.
     /// `cqs` are the members' CQs, in member order.
-    #[inline]
+    #[inline(always)]
     pub(super) fn poll(&mut self, cqs: &[N::Cq]) -> Result<usize> {
         // One member (every connection without NIC fusion) and nothing there, the common case
         // of an idle `test`: inline, without the work below.
         if let [cq] = cqs {
             return match N::poll(cq, &mut self.wc) {
                 Ok(0) => Ok(0),
+                // One successful completion of a work request (most messages' one): nothing for
+                // `sort_polled` to look at.
+                Ok(1) if self.wc[0].status == IBV_WC_SUCCESS && self.wc[0].wr_id >> KIND_SHIFT != KIND_DRAIN => {
+                    self.wc_member[0] = 0;
+                    Ok(1)
+                }
                 Ok(n) => {
                     self.wc_member[..n].fill(0);
                     self.sort_polled(n)
@@ -675,271 +529,6 @@ impl<N: Nic> Common<N> {
         Ok(n)
     }
 
-    /// The work a failure left for later calls (see `pending`): the notices the out-of-band
-    /// socket did not take yet, the completions waiting for their port's verdict, the error
-    /// waiting for its cause. Never waits; an error once the comm is dead.
-    #[inline(never)]
-    pub(super) fn resolve(&mut self) -> Result<()> {
-        if !self.pending {
-            return Ok(());
-        }
-        let now = crate::sys::clock::coarse_ms();
-        if let Some((wc, m, until)) = self.dying {
-            if now >= until || self.cause(&wc, m).is_some() {
-                self.dying = None;
-                let e = self.wc_error(&wc, m);
-                self.die(e);
-            }
-        }
-        let mut i = 0;
-        while i < self.verdicts.len() {
-            let (m, q) = (self.verdicts[i].m, self.verdicts[i].q);
-            if (self.qdead | self.failed) & (1 << q) != 0 {
-                // Failed over meanwhile (the peer named it, or its port's event came): no verdict
-                // is needed any more.
-                self.verdicts.swap_remove(i);
-                continue;
-            }
-            let down = self.member_down(m);
-            if !down && now < self.verdicts[i].until {
-                i += 1;
-                continue;
-            }
-            let v = self.verdicts.swap_remove(i);
-            let e = self.wc_error(&v.wc, m);
-            if down {
-                self.mark_failed(1 << q, &e.to_string());
-            } else {
-                self.die(e);
-            }
-        }
-        self.flush_outbox()?;
-        self.refresh_pending();
-        self.check()
-    }
-
-    /// A shell's failover is under way (or over): new sends and receives wait for it.
-    pub(super) fn set_failing(&mut self, on: bool) {
-        self.failing = on;
-        self.refresh_pending();
-    }
-
-    /// `pending` from what it stands for.
-    fn refresh_pending(&mut self) {
-        self.pending = self.failing || self.dying.is_some() || !self.verdicts.is_empty() || !self.outbox.is_empty();
-    }
-
-    /// Whether new sends and receives wait: a failover under way, or a failure's verdict or
-    /// cause not known yet.
-    #[inline]
-    pub(super) fn failing(&self) -> bool {
-        self.pending && (self.failing || self.dying.is_some() || !self.verdicts.is_empty())
-    }
-
-    /// Whether member `m`'s port is seen down (its PORT_ERR event, or its state).
-    fn member_down(&self, m: usize) -> bool {
-        let port = self.ports.get(m).copied().unwrap_or(self.port);
-        port.poll_events();
-        port.seen_down() || port.state().is_some_and(|s| s != "ACTIVE")
-    }
-
-    /// The data queue pairs on member `m` (bit q).
-    pub(super) fn on_member(&self, m: usize) -> u32 {
-        (0..self.ndata).filter(|&q| self.qp_member[q] as usize == m).fold(0, |a, q| a | 1 << q)
-    }
-
-    /// Queue pairs `mask` failed, for `cause`: the comm fails them over (the shells do, at their
-    /// next call), or, with none left, fails.
-    pub(super) fn mark_failed(&mut self, mask: u32, cause: &str) {
-        let new = mask & !(self.failed | self.qdead);
-        if new == 0 || self.dead.is_some() {
-            return;
-        }
-        self.failed |= new;
-        let all = (1u32 << self.ndata) - 1;
-        let live: Vec<String> = (0..self.ndata).filter(|&q| (self.failed | self.qdead) & (1 << q) == 0).map(|q| self.member_name(self.qp_member[q] as usize)).collect();
-        let mut names: Vec<String> = (0..self.ndata).filter(|&q| new & (1 << q) != 0).map(|q| self.member_name(self.qp_member[q] as usize)).collect();
-        names.dedup();
-        self.causes.push(cause.to_string());
-        if (self.failed | self.qdead) & all == all {
-            let e = Error::remote(format!("every queue pair of this connection failed ({}); no member is left to fail over to", self.causes.join("; ")));
-            self.die(e);
-            return;
-        }
-        let mut live = live;
-        live.dedup();
-        log::warn!(
-            "NET/rivet: {} (peer {}): queue pair(s) {new:#x} on {} failed: {cause}; their traffic fails over to {} (NCCL_IB_RESILIENCY_PORT_FAILOVER)",
-            self.member_name(0),
-            self.peer,
-            names.join(", "),
-            live.join(", ")
-        );
-    }
-
-    fn member_name(&self, m: usize) -> String {
-        let p = self.ports.get(m).unwrap_or(&self.port);
-        format!("{}:{}", p.dev_name(), p.num())
-    }
-
-    /// Whether a failover is due: queue pairs found failed, the peer naming dead ones, or (on a
-    /// sender) the receiver's account; or a recovery notice to act on.
-    pub(super) fn failover_due(&self) -> bool {
-        self.failed != 0 || self.peer_dead & !self.qdead != 0 || !self.notices.is_empty() || self.pending
-    }
-
-    /// Queue pairs `mask` are failed over (in ERR, drained): recovery may take them back later.
-    pub(super) fn failed_over(&mut self, mask: u32) {
-        let now = crate::sys::clock::coarse_ms();
-        self.qdead |= mask;
-        self.failed &= !mask;
-        for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
-            self.failed_at[q] = now;
-        }
-    }
-
-    /// Queue pairs `mask` are taken back (both sides reset and reconnected them).
-    pub(super) fn taken_back(&mut self, mask: u32) {
-        self.qdead &= !mask;
-        self.failed &= !mask;
-        self.peer_dead &= !mask;
-        self.drained &= !mask;
-        for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
-            self.flushed[q] = 0;
-        }
-    }
-
-    /// Every data queue pair (bit q).
-    pub(super) fn all_qps(&self) -> u32 {
-        ((1u64 << self.ndata) - 1) as u32
-    }
-
-    /// Whether data queue pair `q`'s port is up (ACTIVE, and no PORT_ERR since its PORT_ACTIVE).
-    pub(super) fn port_up(&self, q: usize) -> bool {
-        let p = self.ports.get(self.qp_member[q] as usize).copied().unwrap_or(self.port);
-        !p.seen_down() && p.state() == Some("ACTIVE")
-    }
-
-    /// The failed-over queue pairs recovery may try to take back now: recovery on, their port up
-    /// again, NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY since they failed (or since the last
-    /// attempt), fewer than NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX attempts.
-    pub(super) fn recoverable_now(&self) -> u32 {
-        let cfg = &self.set;
-        if !cfg.recovery || self.qdead == 0 || self.dead.is_some() {
-            return 0;
-        }
-        let now = crate::sys::clock::coarse_ms();
-        (0..self.ndata)
-            .filter(|&q| {
-                self.qdead & (1 << q) != 0
-                    && now.saturating_sub(self.failed_at[q]) >= cfg.recovery_delay_ms
-                    && self.attempts[q] < cfg.recovery_attempts
-                    && self.port_up(q)
-            })
-            .fold(0, |m, q| m | 1 << q)
-    }
-
-    /// A failover that could not drain its queue pairs in time: the comm fails.
-    pub(super) fn drain_timeout(&mut self, mask: u32) -> Error {
-        let e = Error::system(format!(
-            "{}: failing over queue pair(s) {mask:#x}: their work requests were not flushed within {} s",
-            self.where_(0),
-            DRAIN_WAIT.as_secs()
-        ));
-        self.die(e)
-    }
-
-    /// Send a notice to the peer over the out-of-band socket: what the socket does not take now
-    /// (it is otherwise idle, and a notice is at most a few KiB) goes at later calls, in order.
-    pub(super) fn notify(&mut self, n: &Notice) -> Result<()> {
-        self.queue_notice(&n.encode());
-        self.flush_outbox()
-    }
-
-    fn queue_notice(&mut self, b: &[u8]) {
-        if self.outbox.is_empty() {
-            self.outbox_since = crate::sys::clock::coarse_ms();
-        }
-        self.outbox.extend_from_slice(b);
-    }
-
-    /// Write what the out-of-band socket takes now of the notices waiting; the comm fails if
-    /// they have waited NOTICE_WAIT.
-    fn flush_outbox(&mut self) -> Result<()> {
-        while !self.outbox.is_empty() {
-            match oob::send_some(&self.oob, &self.outbox) {
-                Ok(k) => {
-                    self.outbox.drain(..k);
-                }
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {
-                    if crate::sys::clock::coarse_ms().saturating_sub(self.outbox_since) <= NOTICE_WAIT.as_millis() as u64 {
-                        self.pending = true;
-                        return Ok(());
-                    }
-                    let e = Error::remote(format!(
-                        "{}: telling the peer of a failover over the out-of-band socket: the socket took nothing for {} s (the peer does not read it)",
-                        self.where_(0),
-                        NOTICE_WAIT.as_secs()
-                    ));
-                    return Err(self.die(e));
-                }
-                Err(e) => {
-                    let e = Error::remote(format!("{}: telling the peer of a failover over the out-of-band socket failed: {e}", self.where_(0)));
-                    return Err(self.die(e));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Read the notices the peer sent: failover notices are kept for the shell, a mismatch for
-    /// `idle`. Garbage fails the comm.
-    fn read_inbox(&mut self) -> Result<()> {
-        let mut buf = [0u8; MAX_NOTICE];
-        while self.oob_end.is_none() {
-            let room = MAX_NOTICE.saturating_sub(self.inbox.len()).max(1);
-            let k = match oob::recv_some(&self.oob, &mut buf[..room]) {
-                Ok(0) => {
-                    self.oob_end.get_or_insert(None);
-                    break;
-                }
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => break,
-                Err(e) => {
-                    // Kept: the socket reports its error once (a keepalive timeout says the
-                    // peer host stopped answering).
-                    self.oob_end.get_or_insert(Some(e));
-                    break;
-                }
-                Ok(k) => k,
-            };
-            self.inbox.extend_from_slice(&buf[..k]);
-            loop {
-                match Notice::decode(&self.inbox) {
-                    Ok(None) => break,
-                    Ok(Some((n, len))) => {
-                        self.inbox.drain(..len);
-                        match n {
-                            Notice::Mismatch(m) => self.mismatch = Some(m),
-                            n => {
-                                let n = n.masked(self.all_qps());
-                                self.notices.push_back(n);
-                            }
-                        }
-                        if self.notices.len() > 4096 {
-                            let e = Error::remote(format!("{}: the peer sent more failover notices than this comm can act on", self.where_(0)));
-                            return Err(self.die(e));
-                        }
-                    }
-                    Err(why) => {
-                        let e = Error::remote(format!("{}: the peer's out-of-band socket carried {why}", self.where_(0)));
-                        return Err(self.die(e));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Adaptive routing on this comm's device (see the free function).
     pub(super) fn adaptive_routing(&self) -> bool {
         adaptive_routing(self.ports)
@@ -958,25 +547,6 @@ impl<N: Nic> Common<N> {
     pub(super) fn where_on(&self, m: usize, qpn: u32) -> String {
         let p = self.ports.get(m).unwrap_or(&self.port);
         format!("{}:{} QPN {qpn} (peer {})", p.dev_name(), p.num(), self.peer)
-    }
-
-    fn peer_state(&self) -> PeerState {
-        // Reading the notices may have met the socket's end or error first (an error is
-        // reported once): it says what the peer's state is from then on.
-        match &self.oob_end {
-            Some(None) => PeerState::Gone,
-            Some(Some(e)) if crate::transport::oob::sock::host_unreachable(e) => {
-                PeerState::Unreachable(e.raw_os_error().map_or_else(|| std::io::Error::from(e.kind()), std::io::Error::from_raw_os_error))
-            }
-            Some(Some(_)) => PeerState::Gone,
-            None => oob::peer_state(&self.oob),
-        }
-    }
-
-    /// Tell the peer why this side fails (best effort: after any notice still waiting).
-    fn notify_mismatch(&mut self, m: Mismatch) {
-        self.queue_notice(&m.encode());
-        let _ = self.flush_outbox();
     }
 
     /// What the protocol engine found, as the comm's error: a mismatch is the application's
@@ -1049,127 +619,6 @@ impl<N: Nic> Common<N> {
         )
     }
 
-    /// Called when a call made no progress: notices a vanished peer or a fatal device event.
-    #[inline]
-    pub(super) fn idle(&mut self, outstanding: usize) -> Result<()> {
-        if !self.idle_tick() {
-            return Ok(());
-        }
-        self.idle_check(outstanding)
-    }
-
-    /// Count an idle call; whether the liveness check is due at it. The coarse clock is no
-    /// system call on any host (see `sys::clock`); looked at only every IDLE_CALLS idle calls
-    /// all the same (the count stays inline: every idle `test` makes it).
-    #[inline]
-    pub(super) fn idle_tick(&mut self) -> bool {
-        self.idle_calls = self.idle_calls.wrapping_add(1);
-        self.idle_calls % IDLE_CALLS == 0
-    }
-
-    #[inline(never)]
-    pub(super) fn idle_check(&mut self, outstanding: usize) -> Result<()> {
-        let now = crate::sys::clock::coarse_ms();
-        if now.saturating_sub(self.last_check) < LIVENESS_EVERY.as_millis() as u64 {
-            return Ok(());
-        }
-        self.last_check = now;
-        // NCCL_IB_RETURN_ASYNC_EVENTS=0: fatal events are only logged (by poll_events), as net_ib.
-        let fail_on_events = self.set.return_async_events;
-        for (m, p) in self.ports.iter().enumerate() {
-            p.poll_events_at(now);
-            if let Err(e) = p.check_fatal().or_else(|e| if fail_on_events { Err(e) } else { Ok(()) }) {
-                return Err(self.die(e));
-            }
-            let on_m = (0..self.nqpns).filter(|&i| self.qp_member[i] as usize == m).map(|i| self.qpns[i]);
-            if let Some((qpn, ev)) = p.qp_event(on_m).filter(|_| fail_on_events) {
-                let e = Error::system(format!("{}: asynchronous event {ev}: {}", self.where_on(m, qpn), event_hint(ev)));
-                return Err(self.die(e));
-            }
-            let mine = self.on_member(m);
-            if self.failover && p.seen_down() && mine & !(self.failed | self.qdead) != 0 {
-                self.mark_failed(mine, &format!("the port {}:{} is down (PORT_ERR): check the link and the switch", p.dev_name(), p.num()));
-            }
-        }
-        self.check()?;
-        // The peer's notices: every 100 ms, every 10 ms while a failover is under way.
-        let every = if self.qdead != 0 || self.failed != 0 { LIVENESS_EVERY } else { PEER_EVERY };
-        if now.saturating_sub(self.peer_checked) < every.as_millis() as u64 {
-            return Ok(());
-        }
-        self.peer_checked = now;
-        self.read_inbox()?;
-        if let Some(m) = self.mismatch {
-            let e = Error::usage(format!(
-                "collective mismatch with the peer {}: a send of {} bytes with tag {} into a receive of {} bytes; every rank must run the same collectives with the same sizes",
-                self.peer, m.send_size, m.tag, m.recv_size
-            ));
-            return Err(self.die(e));
-        }
-        match self.peer_state() {
-            PeerState::Alive => return Ok(()),
-            PeerState::Unreachable(err) => {
-                let e = Error::remote(format!(
-                    "{}:{}: the peer host {} is unreachable (its out-of-band connection: {err}): it stopped answering for RIVET_TIMEOUT seconds, so it is down or the network between the hosts is broken; {outstanding} request(s) of ours outstanding",
-                    self.port.dev_name(),
-                    self.port.num(),
-                    self.peer.ip()
-                ));
-                return Err(self.die(e));
-            }
-            PeerState::Gone => {}
-        }
-        let since = *self.eof_since.get_or_insert(now);
-        if now.saturating_sub(since) < EOF_GRACE.as_millis() as u64 {
-            return Ok(());
-        }
-        let e = Error::remote(format!(
-            "{}:{}: the peer {} closed its connection (its process exited or crashed) with {outstanding} request(s) of ours outstanding",
-            self.port.dev_name(),
-            self.port.num(),
-            self.peer
-        ));
-        Err(self.die(e))
-    }
-}
-
-fn event_hint(ev: &str) -> &'static str {
-    match ev {
-        "QP_ACCESS_ERR" => "the peer wrote with an invalid or stale rkey, or outside a registered buffer",
-        "QP_REQ_ERR" => "a malformed request reached this queue pair",
-        _ => "the queue pair failed",
-    }
-}
-
-/// The registration of a buffer the data path was handed, checked against the device, range and
-/// access it needs (the checks inline; the error, which says what is wrong, out of line).
-#[inline]
-pub(super) fn mr_for<'a>(mr: Option<&'a MrInfo>, ptr: usize, size: usize, dev: usize, members: usize, need: u32, what: &str) -> Result<&'a MrInfo> {
-    match mr {
-        Some(m) if m.dev == dev && m.nmembers() >= members && m.covers(ptr, size) && m.access & need == need => Ok(m),
-        _ => Err(mr_error(mr, ptr, size, dev, members, need, what)),
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn mr_error(mr: Option<&MrInfo>, ptr: usize, size: usize, dev: usize, members: usize, need: u32, what: &str) -> Error {
-    let Some(m) = mr else {
-        return Error::internal(format!("{what} of {size} bytes at {ptr:#x} without a memory handle"));
-    };
-    if m.dev != dev || m.nmembers() < members {
-        return Error::internal(format!(
-            "{what}: the memory handle was registered on another device (regMr must be called on a comm of the same device; a fused device's comm needs a registration on every member, {} here of {members})",
-            m.nmembers()
-        ));
-    }
-    if !m.covers(ptr, size) {
-        return Error::internal(format!("{what}: [{ptr:#x}, +{size}) is not inside its registration [{:#x}, +{})", m.addr, m.len));
-    }
-    Error::internal(format!(
-        "{what}: the buffer was registered without the access it needs ({:#x} lacks {need:#x}): register receive buffers through a receive comm",
-        m.access
-    ))
 }
 
 /// NCCL profiler events of a `size`-byte message over `qps`, logical queue pair `q` carried by
@@ -1222,102 +671,3 @@ pub(super) fn members_id<P: NicPort>(ports: &[&'static P]) -> usize {
     }
 }
 
-pub(super) fn post_chain<N: Nic>(qp: &N::Qp, wrs: &mut [ibv_send_wr], sges: &mut [ibv_sge], k: usize) -> std::result::Result<(), i32> {
-    for i in 0..k {
-        wrs[i].sg_list = if wrs[i].num_sge > 0 { &mut sges[i] } else { std::ptr::null_mut() };
-        wrs[i].next = if i + 1 < k { &mut wrs[i + 1] } else { std::ptr::null_mut() };
-    }
-    // SAFETY: the first `k` work requests were just chained (each `next` and `sg_list` points
-    // into `wrs`/`sges`, which outlive the call: ibv_post_send copies them), and their scatter
-    // entries name registered memory.
-    match unsafe { N::post_send(qp, wrs.as_mut_ptr()) } {
-        0 => Ok(()),
-        rc => Err(rc),
-    }
-}
-
-pub(super) fn rdma_wr(op: u32, wr_id: u64, remote: u64, rkey: u32, nsge: i32) -> ibv_send_wr {
-    // SAFETY: ibv_send_wr is plain C data; all-zero is valid (null pointers, no flags).
-    let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
-    w.wr_id = wr_id;
-    w.opcode = op;
-    w.num_sge = nsge;
-    w.wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: remote, rkey };
-    w
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn is_signaled(w: &ibv_send_wr) -> bool {
-        w.send_flags & IBV_SEND_SIGNALED != 0
-    }
-
-    fn wr(id: u64, signaled: bool) -> ibv_send_wr {
-        let mut w = rdma_wr(IBV_WR_RDMA_WRITE, id, 0, 0, 0);
-        if signaled {
-            w.send_flags = IBV_SEND_SIGNALED;
-        }
-        w
-    }
-
-    #[test]
-    fn the_book_counts_posts_and_a_signaled_completion_retires_everything_before_it() {
-        let mut b = SqBook::new(63);
-        let send = KIND_SEND << KIND_SHIFT;
-        let mut w = [wr(send | 7, false), wr(send | 7, true)];
-        b.book(1, &mut w, 2);
-        assert!(is_signaled(&w[1]) && !is_signaled(&w[0]));
-        assert_eq!(b.room(1), 61);
-        assert_eq!(b.room(0), 63, "another queue pair's room is its own");
-        // The signaled one keeps its kind and slot, and carries its queue pair and place.
-        assert_eq!(w[1].wr_id >> KIND_SHIFT, KIND_SEND);
-        assert_eq!(w[1].wr_id & 0xffff, 7);
-        let first = w[1].wr_id;
-        let mut more = [wr(send | 8, true)];
-        b.book(1, &mut more, 1);
-        assert_eq!(b.room(1), 60);
-        b.retire(more[0].wr_id);
-        assert_eq!(b.room(1), 63, "the later completion retires the earlier posts too");
-        b.retire(first);
-        assert_eq!(b.room(1), 63, "an older completion polled late retires nothing twice");
-    }
-
-    #[test]
-    fn one_in_signal_every_unsignaled_posts_is_signaled_with_a_control_id() {
-        let mut b = SqBook::new(255);
-        let mut signaled = Vec::new();
-        for i in 0..100u64 {
-            let mut w = [wr((KIND_SEND << KIND_SHIFT) | i, false)];
-            b.book(0, &mut w, 1);
-            if is_signaled(&w[0]) {
-                assert_eq!(w[0].wr_id >> KIND_SHIFT, KIND_CTRL, "no request waits for a signal the book added");
-                signaled.push((i, w[0].wr_id));
-            }
-        }
-        assert_eq!(signaled.iter().map(|s| s.0).collect::<Vec<_>>(), vec![31, 63, 95]);
-        assert_eq!(b.room(0), 155);
-        b.retire(signaled[2].1);
-        assert_eq!(b.room(0), 251, "the 4 posted after the last signaled one wait for the next");
-        assert_eq!(b.unsignaled[0], 4);
-        // Within a chain, only the last can be the one signaled.
-        let mut chain: Vec<ibv_send_wr> = (0..30).map(|_| wr(KIND_SEND << KIND_SHIFT, false)).collect();
-        b.book(0, &mut chain, 30);
-        assert!(is_signaled(&chain[29]));
-        assert!(chain[..29].iter().all(|w| !is_signaled(w)));
-    }
-
-    #[test]
-    fn places_compare_across_the_wrap_of_their_32_bits() {
-        let mut b = SqBook::new(255);
-        b.posted[0] = u32::MAX as u64 - 2;
-        b.retired[0] = b.posted[0];
-        let mut w: Vec<ibv_send_wr> = (0..6).map(|_| wr(KIND_CTRL << KIND_SHIFT, true)).collect();
-        b.book(0, &mut w, 6);
-        assert_eq!(b.room(0), 249);
-        b.retire(w[4].wr_id); // the 5th: its place, 2^32 + 2, wrapped to 2
-        assert_eq!(b.room(0), 254);
-        assert_eq!(b.retired[0], (1u64 << 32) + 2);
-    }
-}

@@ -14,6 +14,7 @@ pub mod ece;
 pub mod fuse;
 pub mod mr;
 pub mod nic;
+mod post;
 pub mod recv;
 pub mod reg;
 pub mod res;

@@ -11,6 +11,13 @@ use crate::proto::send::Origin;
 use crate::proto::verbs::{cts_stride, fifo_bytes, remap_keeping, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
 use super::fuse::{member_of, MAX_MEMBERS};
 
+mod failover;
+mod rq;
+
+use failover::Rewrite;
+pub use rq::post_recvs;
+use rq::post_recvs_on;
+
 /// Staging copies of CTS groups, used in turn by consecutive receives: a group's copy is read by
 /// the NIC until its write completes (one entry goes inline and needs none for long), so a few
 /// suffice, and a receive whose copy is still being read waits. Not one per FIFO slot: that was
@@ -30,35 +37,6 @@ use std::sync::atomic::{fence, Ordering};
 // A GPU-bound eager copy is fenced by its ring slot's number.
 const _: () = assert!(super::conn::RING_SLOTS <= crate::gpu::staging::FENCES);
 
-/// Post `n` zero-length receives on `qp` (each consumes one completion with immediate data), in
-/// chains of up to 32 work requests per call (the provider's lock and checks once per chain).
-pub fn post_recvs(qp: &QpRts, n: u32) -> std::result::Result<(), i32> {
-    post_recvs_on::<Verbs>(qp, n)
-}
-
-/// `post_recvs` through any NIC.
-fn post_recvs_on<N: Nic>(qp: &N::Qp, n: u32) -> std::result::Result<(), i32> {
-    const CHAIN: usize = 32;
-    let blank = ibv_recv_wr { wr_id: KIND_RECV << KIND_SHIFT, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
-    let mut wrs = [blank; CHAIN];
-    let mut left = n as usize;
-    while left > 0 {
-        let k = left.min(CHAIN);
-        for i in 0..k {
-            let next = if i + 1 < k { &mut wrs[i + 1] as *mut ibv_recv_wr } else { std::ptr::null_mut() };
-            wrs[i].next = next;
-        }
-        // SAFETY: `k` valid receive work requests without scatter lists, linked through `next`
-        // (the last one's is NULL), on a live queue pair; the array outlives the call.
-        let rc = unsafe { N::post_recv(qp, wrs.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(rc);
-        }
-        left -= k;
-    }
-    Ok(())
-}
-
 /// The receiver's registered memory: pieces of two registrations, what the sender writes and
 /// what only this side uses.
 pub struct Parts {
@@ -70,17 +48,6 @@ pub struct Parts {
     pub ring: Part,
     /// Where flush reads land; also the source of credit writes.
     pub scratch: Part,
-}
-
-/// One write a receiver's failover makes again.
-#[derive(Clone, Copy)]
-enum Rewrite {
-    /// A CTS entry (`len` bytes of `bytes`: a fused receiver's keys, then the entry) into the
-    /// sender's FIFO at `remote`, on queue pair `q`: inline, or from staging copy `stage` at
-    /// `off` where the provider has no inline room for it.
-    Entry { q: usize, stage: usize, off: usize, bytes: [u8; 64], len: usize, remote: u64 },
-    /// The latest credit word.
-    Credit,
 }
 
 pub struct VerbsRecv<N: Nic = Verbs> {
@@ -378,318 +345,6 @@ impl<N: Nic> VerbsRecv<N> {
         Ok(())
     }
 
-    /// `idle` of a comm with a failover due or queue pairs failed over (recovery).
-    #[inline(never)]
-    fn idle_failover(&mut self) -> Result<()> {
-        if self.c.failover_due() {
-            self.fail_over()?;
-        }
-        if self.c.qdead != 0 && self.recovering == 0 && !self.c.failing() {
-            let now = crate::sys::clock::coarse_ms();
-            if now.saturating_sub(self.recovery_checked) >= 50 {
-                self.recovery_checked = now;
-                let m = self.c.recoverable_now();
-                if m != 0 {
-                    self.ask_back(m)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Recovery, first half: reset our side of failed queue pairs `m` whose port is up again
-    /// (RESET, INIT, RTR: it can receive, and its receives are posted) and ask the sender to
-    /// take them back.
-    fn ask_back(&mut self, m: u32) -> Result<()> {
-        let (nq, ln) = (self.qps.len(), self.c.ports.len());
-        let mut ok = 0u32;
-        for q in (0..nq).filter(|&q| m & (1 << q) != 0) {
-            self.c.attempts[q] += 1;
-            self.c.failed_at[q] = crate::sys::clock::coarse_ms();
-            let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
-            if let Err(e) = N::reset_to_rtr(&self.qps[q], port, &l) {
-                log::warn!("NET/rivet: {}: taking queue pair {q} back failed: {e}", self.c.where_(0));
-                continue;
-            }
-            if let Err(rc) = post_recvs_on::<N>(&self.qps[q], self.rq) {
-                return Err(self.c.post_failed_on(member_of(q, ln), N::qpn(&self.qps[q]), "ibv_post_recv", rc));
-            }
-            self.posted_recvs[q] = self.rq;
-            self.book.reset(q);
-            ok |= 1 << q;
-        }
-        if ok != 0 {
-            // They can receive again, and may fail again, from now on (not yet sent on: the map
-            // moves when the sender answers).
-            self.c.taken_back(ok);
-            self.recovering |= ok;
-            self.c.notify(&Notice::Recover { qps: ok })?;
-        }
-        Ok(())
-    }
-
-    /// Recovery, second half: the sender's answers. Those it took back go to RTS here too and
-    /// get their own traffic back (the credit word stays where it went: it must arrive in
-    /// order on one queue pair); those it could not go back to ERR, to be tried again later.
-    fn took_back(&mut self, yes: u32, no: u32) -> Result<()> {
-        // Only those still being taken back (one failed again meanwhile is failed over).
-        let (yes, no) = (yes & self.recovering, no & self.recovering);
-        self.recovering &= !(yes | no);
-        let (nq, ln) = (self.qps.len(), self.c.ports.len());
-        for q in (0..nq).filter(|&q| no & (1 << q) != 0) {
-            // Back to ERR (the sender never sent on it again: nothing to drain), tried later.
-            let _ = N::to_err(&self.qps[q], self.c.ports[member_of(q, ln)]);
-        }
-        self.c.failed_over(no);
-        let mut ok = 0u32;
-        for q in (0..nq).filter(|&q| yes & (1 << q) != 0) {
-            let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
-            match N::back_to_rts(&self.qps[q], port, &l) {
-                Ok(()) => {
-                    ok |= 1 << q;
-                    self.c.attempts[q] = 0; // a later failure gets its own attempts
-                }
-                Err(e) => {
-                    // The sender sends on it already: it fails over again at its first error.
-                    log::warn!("NET/rivet: {}: taking queue pair {q} back failed: {e}", self.c.where_(0));
-                    self.c.mark_failed(1 << q, &e.to_string());
-                }
-            }
-        }
-        if let Some(map) = remap_keeping(self.c.qdead | self.c.failed | self.recovering, nq, &self.map, true) {
-            self.map = map;
-        }
-        if ok != 0 {
-            log::info!(
-                "NET/rivet: {}: took back queue pair(s) {ok:#x} (NCCL_IB_RESILIENCY_PORT_RECOVERY); logical queue pairs now on {:?}",
-                self.c.where_(0),
-                &self.map[..nq]
-            );
-        }
-        Ok(())
-    }
-
-    /// Fail over (once per call chain: draining polls, and polls may find more).
-    fn fail_over(&mut self) -> Result<()> {
-        super::conn::once(self, |s| &mut s.in_failover, Self::fail_over_now)
-    }
-
-    /// Queue pairs found failed here, or named by the sender, go to ERR and are drained: every
-    /// write that reached them is polled, and nothing more arrives through them. Then the
-    /// account of what arrived goes to the sender (which sends again what is missing), and the
-    /// clear-to-send groups and the credit word, which may have been lost with them, are written
-    /// again on the queue pairs that live. Resumable: a drain not over yet, or writes waiting
-    /// for room, are taken up again at the next call (new receives wait meanwhile:
-    /// `Common::failing`), so no call waits.
-    fn fail_over_now(&mut self) -> Result<()> {
-        self.c.resolve()?;
-        // What failed so far, then each of the sender's notices in the order it sent them (a
-        // Fail and a Recovered mean different things the other way round).
-        loop {
-            if let Some(wait) = &mut self.draining {
-                if !wait.done(&mut self.c)? {
-                    break;
-                }
-                let new = wait.mask();
-                self.draining = None;
-                self.drained(new)?;
-                continue;
-            }
-            if !self.rewrites.is_empty() {
-                self.post_rewrites()?;
-                if !self.rewrites.is_empty() {
-                    break;
-                }
-            }
-            let new = (self.c.failed | self.c.peer_dead) & !self.c.qdead & self.c.all_qps();
-            if new != 0 {
-                self.drain(new)?;
-                continue;
-            }
-            match self.c.notices.pop_front() {
-                None => break,
-                Some(Notice::Fail { dead }) => self.c.peer_dead |= dead,
-                Some(Notice::Recovered { qps }) => self.took_back(qps, 0)?,
-                Some(Notice::NotRecovered { qps }) => self.took_back(0, qps)?,
-                Some(_) => {} // a sender's notice: not for a receiver
-            }
-        }
-        self.c.set_failing(self.draining.is_some() || !self.rewrites.is_empty());
-        Ok(())
-    }
-
-    /// Move queue pairs `new` (found failed here or named by the sender) to ERR and post their
-    /// drain markers: once each one's has completed (a later call sees it), `drained` follows.
-    fn drain(&mut self, new: u32) -> Result<()> {
-        let ln = self.c.ports.len();
-        for q in (0..self.qps.len()).filter(|&q| new & (1 << q) != 0) {
-            let port = self.c.ports[member_of(q, ln)];
-            if let Err(e) = N::to_err(&self.qps[q], port) {
-                return Err(self.c.die(e));
-            }
-            let mut wr = ibv_recv_wr { wr_id: (KIND_DRAIN << KIND_SHIFT) | q as u64, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
-            // SAFETY: a valid receive work request without a scatter list, on a live queue pair
-            // (in ERR: it completes flushed, after every receive posted before it).
-            let rc = unsafe { N::post_recv(&self.qps[q], &mut wr) };
-            if rc != 0 {
-                return Err(self.c.post_failed_on(member_of(q, ln), N::qpn(&self.qps[q]), "posting the drain marker", rc));
-            }
-        }
-        self.draining = Some(Drain::new(new));
-        Ok(())
-    }
-
-    /// Queue pairs `new` are drained: the sender gets the account, and the clear-to-send
-    /// entries of the incomplete receives and the credit word are queued to be written again.
-    fn drained(&mut self, new: u32) -> Result<()> {
-        self.c.failed_over(new);
-        self.recovering &= !new;
-        let (nq, ln) = (self.qps.len(), self.c.ports.len());
-        // Not onto one being taken back (in RTR, it cannot send until the sender has answered).
-        let Some(map) = remap_keeping(self.c.qdead | self.recovering, nq, &self.map, false) else {
-            return Err(self.c.die(Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
-        };
-        self.map = map;
-        let account = self.eng.resync(self.c.qdead);
-        let (nrecvs, ring) = (account.recvs.len(), account.ring_arrived);
-        self.c.notify(&Notice::Resync(account))?;
-        if self.credit_at.is_some_and(|(q, _)| self.gone(q)) {
-            self.credit_at = None;
-        }
-        for r in self.cts_reading.iter_mut() {
-            if r.is_some_and(|(q, _)| (self.c.qdead | self.c.failed) & (1 << q) != 0) {
-                *r = None;
-            }
-        }
-        // Each entry alone (a group may land entry by entry: the sender checks each entry's
-        // stamp); an earlier failover's rewrites not made yet are in these.
-        self.rewrites.clear();
-        let stride = cts_stride(ln);
-        for (req, p) in self.eng.cts_outstanding() {
-            let q = self.map[p.q] as usize;
-            for (i, e) in p.entries[..p.n].iter().enumerate() {
-                let mut b = [0u8; 64];
-                if ln > 1 {
-                    b[..32].copy_from_slice(&self.keys[req as usize][i].0.map(u32::to_le_bytes).concat());
-                }
-                // SAFETY: Cts is 32 bytes of plain integers (repr(C)); `b` has room for it at the
-                // stride's end.
-                unsafe { (b.as_mut_ptr().add(stride - 32) as *mut Cts).write_unaligned(*e) };
-                let remote = self.rem_fifo_addr + ((p.slot * MAX_GROUP + i) * stride) as u64;
-                let stage = p.slot % CTS_STAGES;
-                self.rewrites.push_back(Rewrite::Entry { q, stage, off: (stage * MAX_GROUP + i) * stride, bytes: b, len: stride, remote });
-            }
-        }
-        self.rewrites.push_back(Rewrite::Credit);
-        self.rewrite_by = crate::sys::clock::coarse_ms() + DRAIN_WAIT.as_millis() as u64;
-        log::info!(
-            "NET/rivet: {}: failed over queue pair(s) {new:#x}: told the sender what arrived ({ring} eager slots, {nrecvs} receive(s) in flight); its clear-to-send entries and the credit are written again; logical queue pairs now on {:?}",
-            self.c.where_(0),
-            &self.map[..nq]
-        );
-        self.post_rewrites()
-    }
-
-    /// Make the failover's writes, in order, as far as the send queues have room (the rest at a
-    /// later call, within DRAIN_WAIT).
-    fn post_rewrites(&mut self) -> Result<()> {
-        while let Some(&r) = self.rewrites.front() {
-            let q = match r {
-                Rewrite::Entry { q, .. } => q,
-                Rewrite::Credit => self.map[0] as usize,
-            };
-            // Not on a queue pair that failed meanwhile (dropped, as its flush would; the next
-            // failover writes it again), and so not into a staging copy the NIC may still read
-            // for a live one.
-            if self.gone(q) {
-                self.rewrites.pop_front();
-                continue;
-            }
-            let mut ready = self.book.room(q) >= 2;
-            if let (true, Rewrite::Entry { stage, len, .. }) = (ready, r) {
-                // From the staging copy where the provider has no inline room: once the NIC no
-                // longer reads that copy.
-                if len > N::max_inline(&self.qps[q]) as usize {
-                    if let Some((rq, place)) = self.cts_reading[stage] {
-                        ready = self.gone(rq as usize) || self.book.done(rq as usize, place);
-                    }
-                }
-            }
-            if !ready {
-                if crate::sys::clock::coarse_ms() > self.rewrite_by {
-                    return Err(self.c.drain_timeout(0));
-                }
-                return Ok(());
-            }
-            self.rewrites.pop_front();
-            match r {
-                Rewrite::Entry { q, stage, off, bytes, len, remote } => {
-                    if len <= N::max_inline(&self.qps[q]) as usize {
-                        // Inline: the bytes are copied into the work request at post (ours).
-                        self.post_ctrl(q, bytes.as_ptr() as u64, |_| 0, len, remote, false)?;
-                        continue;
-                    }
-                    // SAFETY: inside the staging copies (stage < CTS_STAGES, the entry < MAX_GROUP),
-                    // our own memory, which the NIC no longer reads (checked above).
-                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.cts_out.ptr().add(off), len) };
-                    let out = self.cts_out;
-                    self.post_ctrl(q, out.addr() + off as u64, |m| out.lkey_on(m), len, remote, false)?;
-                    self.cts_reading[stage] = Some((q as u8, self.book.last_place(q)));
-                }
-                Rewrite::Credit => {
-                    let word = self.eng.credits_sent();
-                    if word > 0 {
-                        self.post_credit(word)?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Top up every queue pair whose posted receives are down to `at_most` (the check inline:
-    /// every idle `test` makes it; the posting in `repost`).
-    #[inline(always)]
-    fn top_up(&mut self, at_most: u32) -> Result<()> {
-        for q in 0..self.qps.len() {
-            if self.posted_recvs[q] <= at_most {
-                self.repost(q)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Top up QP `q`'s posted receives.
-    #[inline(never)]
-    fn repost(&mut self, q: usize) -> Result<()> {
-        if self.gone(q) {
-            return Ok(());
-        }
-        let n = self.rq - self.posted_recvs[q];
-        if let Err(rc) = post_recvs_on::<N>(&self.qps[q], n) {
-            return Err(self.c.post_failed(N::qpn(&self.qps[q]), "ibv_post_recv", rc));
-        }
-        self.posted_recvs[q] = self.rq;
-        Ok(())
-    }
-
-    /// Whether QP `q`'s posted receives cover every write with an immediate that may still
-    /// arrive on it, and `more` writes more (topping them up first if they do not): one per
-    /// ring slot, and one per buffer of each incomplete receive with a CTS out. The receive
-    /// queue can hold that many, or the new receive would not have been posted.
-    fn recvs_cover(&mut self, q: usize, more: usize) -> Result<bool> {
-        // After a failover a queue pair may carry several logical ones' writes (more than its
-        // queue holds, at worst: then it waits for all its receives, and an excess write is
-        // retried by the sender's NIC, not lost: rnr_retry 7).
-        let carried = self.map[..self.qps.len()].iter().filter(|&&p| p as usize == q).count().max(1);
-        let need = RING_SLOTS + (self.eng.rdv_owed() + more) * carried;
-        let need = if carried > 1 { need.min(self.rq as usize) } else { need };
-        if (self.posted_recvs[q] as usize) < need && self.posted_recvs[q] < self.rq {
-            self.repost(q)?;
-        }
-        Ok(self.posted_recvs[q] as usize >= need)
-    }
-
     /// Whether receive `specs` may be posted now: room for its CTS and a credit write in every
     /// send queue, and, if it will have a CTS, its staging copy free and receives
     /// posted for its writes (after reaping completions and topping up receives if not).
@@ -805,9 +460,16 @@ impl<N: Nic> VerbsRecv<N> {
                 KIND_CTRL => self.book.retire(wc.wr_id),
                 KIND_RECV => {
                     // QPNs are per device: the one of this member.
-                    let mine = |(q, p): &(usize, &N::Qp)| member_of(*q, ln) == m && N::qpn(p) == wc.qp_num;
-                    if let Some((q, _)) = self.qps.iter().enumerate().find(mine) {
-                        self.posted_recvs[q] = self.posted_recvs[q].saturating_sub(1);
+                    if let [qp] = &self.qps[..] {
+                        // One queue pair (NCCL's default): its receive, unless a flush's.
+                        if m == 0 && N::qpn(qp) == wc.qp_num {
+                            self.posted_recvs[0] = self.posted_recvs[0].saturating_sub(1);
+                        }
+                    } else {
+                        let mine = |(q, p): &(usize, &N::Qp)| member_of(*q, ln) == m && N::qpn(p) == wc.qp_num;
+                        if let Some((q, _)) = self.qps.iter().enumerate().find(mine) {
+                            self.posted_recvs[q] = self.posted_recvs[q].saturating_sub(1);
+                        }
                     }
                     // SAFETY: a receive completion with immediate data (every write to us has one).
                     match Imm::decode(u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })) {

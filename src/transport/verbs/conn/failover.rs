@@ -1,0 +1,249 @@
+//! What a failure leaves for later calls (the notices not sent yet, the completions waiting for
+//! their port's verdict, the error waiting for its cause), the queue pairs failed, failed over
+//! and taken back, and the drain a failover waits for: state each later call takes up, never a
+//! wait inside one.
+
+use super::*;
+
+/// Run `f` on a shell unless a call of it is already under way there (`busy`): a failover polls
+/// while it drains, and a poll may call for another.
+pub(in crate::transport::verbs) fn once<S>(s: &mut S, busy: fn(&mut S) -> &mut bool, f: fn(&mut S) -> Result<()>) -> Result<()> {
+    if *busy(s) {
+        return Ok(());
+    }
+    *busy(s) = true;
+    let r = f(s);
+    *busy(s) = false;
+    r
+}
+
+/// A failover's wait (bounded) for the drain markers of queue pairs `mask`. A provider that does
+/// not flush a marker posted to a queue pair in ERR (Soft-RoCE of some kernels, for receive
+/// queues): after MARKER_WAIT, the queue pairs count as drained once none of them has given a
+/// completion for QUIET (nothing new reaches a queue pair in ERR, and what had reached it is in
+/// the CQ by then; the live ones' traffic does not count).
+pub(in crate::transport::verbs) struct Drain {
+    mask: u32,
+    start: Instant,
+    quiet_since: Instant,
+    /// Failed completions of the queue pairs drained, when last looked at.
+    seen: u64,
+}
+
+impl Drain {
+    pub(in crate::transport::verbs) fn new(mask: u32) -> Drain {
+        let now = Instant::now();
+        Drain { mask, start: now, quiet_since: now, seen: 0 }
+    }
+
+    /// The queue pairs drained.
+    pub(in crate::transport::verbs) fn mask(&self) -> u32 {
+        self.mask
+    }
+
+    /// Whether the queue pairs count as drained yet (Err once DRAIN_WAIT is over). Never waits:
+    /// the shell asks again at its next call, after polling.
+    pub(in crate::transport::verbs) fn done<N: Nic>(&mut self, c: &mut Common<N>) -> Result<bool> {
+        let drained = c.drained;
+        if drained & self.mask == self.mask {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        let seen: u64 = (0..c.ndata).filter(|&q| self.mask & (1 << q) != 0).map(|q| c.flushed[q] as u64).sum();
+        if seen != self.seen {
+            self.seen = seen;
+            self.quiet_since = now;
+        }
+        if now.duration_since(self.start) > MARKER_WAIT && now.duration_since(self.quiet_since) > QUIET {
+            log::info!(
+                "NET/rivet: {}: queue pair(s) {:#x} in ERR: the provider did not flush the drain marker within {} ms; counted as drained after {} ms without a completion (failed completions per queue pair: {:?})",
+                c.where_(0),
+                self.mask & !drained,
+                MARKER_WAIT.as_millis(),
+                QUIET.as_millis(),
+                &c.flushed[..c.ndata]
+            );
+            return Ok(true);
+        }
+        if now.duration_since(self.start) > DRAIN_WAIT {
+            return Err(c.drain_timeout(self.mask & !drained));
+        }
+        Ok(false)
+    }
+}
+
+impl<N: Nic> Common<N> {
+    /// The work a failure left for later calls (see `pending`): the notices the out-of-band
+    /// socket did not take yet, the completions waiting for their port's verdict, the error
+    /// waiting for its cause. Never waits; an error once the comm is dead.
+    #[inline(never)]
+    pub(in crate::transport::verbs) fn resolve(&mut self) -> Result<()> {
+        if !self.pending {
+            return Ok(());
+        }
+        let now = crate::sys::clock::coarse_ms();
+        if let Some((wc, m, until)) = self.dying {
+            if now >= until || self.cause(&wc, m).is_some() {
+                self.dying = None;
+                let e = self.wc_error(&wc, m);
+                self.die(e);
+            }
+        }
+        let mut i = 0;
+        while i < self.verdicts.len() {
+            let (m, q) = (self.verdicts[i].m, self.verdicts[i].q);
+            if (self.qdead | self.failed) & (1 << q) != 0 {
+                // Failed over meanwhile (the peer named it, or its port's event came): no verdict
+                // is needed any more.
+                self.verdicts.swap_remove(i);
+                continue;
+            }
+            let down = self.member_down(m);
+            if !down && now < self.verdicts[i].until {
+                i += 1;
+                continue;
+            }
+            let v = self.verdicts.swap_remove(i);
+            let e = self.wc_error(&v.wc, m);
+            if down {
+                self.mark_failed(1 << q, &e.to_string());
+            } else {
+                self.die(e);
+            }
+        }
+        self.flush_outbox()?;
+        self.refresh_pending();
+        self.check()
+    }
+
+    /// A shell's failover is under way (or over): new sends and receives wait for it.
+    pub(in crate::transport::verbs) fn set_failing(&mut self, on: bool) {
+        self.failing = on;
+        self.refresh_pending();
+    }
+
+    /// `pending` from what it stands for.
+    pub(in crate::transport::verbs) fn refresh_pending(&mut self) {
+        self.pending = self.failing || self.dying.is_some() || !self.verdicts.is_empty() || !self.outbox.is_empty();
+    }
+
+    /// Whether new sends and receives wait: a failover under way, or a failure's verdict or
+    /// cause not known yet.
+    #[inline]
+    pub(in crate::transport::verbs) fn failing(&self) -> bool {
+        self.pending && (self.failing || self.dying.is_some() || !self.verdicts.is_empty())
+    }
+
+    /// Whether member `m`'s port is seen down (its PORT_ERR event, or its state).
+    pub(in crate::transport::verbs) fn member_down(&self, m: usize) -> bool {
+        let port = self.ports.get(m).copied().unwrap_or(self.port);
+        port.poll_events();
+        port.seen_down() || port.state().is_some_and(|s| s != "ACTIVE")
+    }
+
+    /// The data queue pairs on member `m` (bit q).
+    pub(in crate::transport::verbs) fn on_member(&self, m: usize) -> u32 {
+        (0..self.ndata).filter(|&q| self.qp_member[q] as usize == m).fold(0, |a, q| a | 1 << q)
+    }
+
+    /// Queue pairs `mask` failed, for `cause`: the comm fails them over (the shells do, at their
+    /// next call), or, with none left, fails.
+    pub(in crate::transport::verbs) fn mark_failed(&mut self, mask: u32, cause: &str) {
+        let new = mask & !(self.failed | self.qdead);
+        if new == 0 || self.dead.is_some() {
+            return;
+        }
+        self.failed |= new;
+        let all = (1u32 << self.ndata) - 1;
+        let live: Vec<String> = (0..self.ndata).filter(|&q| (self.failed | self.qdead) & (1 << q) == 0).map(|q| self.member_name(self.qp_member[q] as usize)).collect();
+        let mut names: Vec<String> = (0..self.ndata).filter(|&q| new & (1 << q) != 0).map(|q| self.member_name(self.qp_member[q] as usize)).collect();
+        names.dedup();
+        self.causes.push(cause.to_string());
+        if (self.failed | self.qdead) & all == all {
+            let e = Error::remote(format!("every queue pair of this connection failed ({}); no member is left to fail over to", self.causes.join("; ")));
+            self.die(e);
+            return;
+        }
+        let mut live = live;
+        live.dedup();
+        log::warn!(
+            "NET/rivet: {} (peer {}): queue pair(s) {new:#x} on {} failed: {cause}; their traffic fails over to {} (NCCL_IB_RESILIENCY_PORT_FAILOVER)",
+            self.member_name(0),
+            self.peer,
+            names.join(", "),
+            live.join(", ")
+        );
+    }
+
+    pub(in crate::transport::verbs) fn member_name(&self, m: usize) -> String {
+        let p = self.ports.get(m).unwrap_or(&self.port);
+        format!("{}:{}", p.dev_name(), p.num())
+    }
+
+    /// Whether a failover is due: queue pairs found failed, the peer naming dead ones, or (on a
+    /// sender) the receiver's account; or a recovery notice to act on.
+    pub(in crate::transport::verbs) fn failover_due(&self) -> bool {
+        self.failed != 0 || self.peer_dead & !self.qdead != 0 || !self.notices.is_empty() || self.pending
+    }
+
+    /// Queue pairs `mask` are failed over (in ERR, drained): recovery may take them back later.
+    pub(in crate::transport::verbs) fn failed_over(&mut self, mask: u32) {
+        let now = crate::sys::clock::coarse_ms();
+        self.qdead |= mask;
+        self.failed &= !mask;
+        for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
+            self.failed_at[q] = now;
+        }
+    }
+
+    /// Queue pairs `mask` are taken back (both sides reset and reconnected them).
+    pub(in crate::transport::verbs) fn taken_back(&mut self, mask: u32) {
+        self.qdead &= !mask;
+        self.failed &= !mask;
+        self.peer_dead &= !mask;
+        self.drained &= !mask;
+        for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
+            self.flushed[q] = 0;
+        }
+    }
+
+    /// Every data queue pair (bit q).
+    pub(in crate::transport::verbs) fn all_qps(&self) -> u32 {
+        ((1u64 << self.ndata) - 1) as u32
+    }
+
+    /// Whether data queue pair `q`'s port is up (ACTIVE, and no PORT_ERR since its PORT_ACTIVE).
+    pub(in crate::transport::verbs) fn port_up(&self, q: usize) -> bool {
+        let p = self.ports.get(self.qp_member[q] as usize).copied().unwrap_or(self.port);
+        !p.seen_down() && p.state() == Some("ACTIVE")
+    }
+
+    /// The failed-over queue pairs recovery may try to take back now: recovery on, their port up
+    /// again, NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY since they failed (or since the last
+    /// attempt), fewer than NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX attempts.
+    pub(in crate::transport::verbs) fn recoverable_now(&self) -> u32 {
+        let cfg = &self.set;
+        if !cfg.recovery || self.qdead == 0 || self.dead.is_some() {
+            return 0;
+        }
+        let now = crate::sys::clock::coarse_ms();
+        (0..self.ndata)
+            .filter(|&q| {
+                self.qdead & (1 << q) != 0
+                    && now.saturating_sub(self.failed_at[q]) >= cfg.recovery_delay_ms
+                    && self.attempts[q] < cfg.recovery_attempts
+                    && self.port_up(q)
+            })
+            .fold(0, |m, q| m | 1 << q)
+    }
+
+    /// A failover that could not drain its queue pairs in time: the comm fails.
+    pub(in crate::transport::verbs) fn drain_timeout(&mut self, mask: u32) -> Error {
+        let e = Error::system(format!(
+            "{}: failing over queue pair(s) {mask:#x}: their work requests were not flushed within {} s",
+            self.where_(0),
+            DRAIN_WAIT.as_secs()
+        ));
+        self.die(e)
+    }
+}
