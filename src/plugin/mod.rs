@@ -325,6 +325,7 @@ fn progress_pending_slow(except: Token) {
 /// `data` and `tags` must point to `n` elements each, and a non-NULL `mh` too (NULL is checked
 /// here). Each buffer `data[i]` of `size_of(i)` bytes is lent for this receive as `Lent::new`
 /// says (NCCL's irecv contract). A non-NULL `ph` holds NCCL's profiler handle of each buffer.
+#[inline]
 pub unsafe fn irecv(
     rc: *mut c_void,
     n: i32,
@@ -407,6 +408,7 @@ pub unsafe fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mu
 /// # Safety
 /// `done` points to an int, a non-NULL `sizes` to as many as the request has buffers (NCCL's
 /// contract: the `n` of its irecv).
+#[inline]
 pub unsafe fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()> {
     if req.is_null() || done.is_null() {
         return Err(Error::internal("test with a NULL request or done pointer"));
