@@ -141,11 +141,20 @@ pub enum Stale {
     Poisoned,
 }
 
-/// Access to one object, for the length of a call.
+/// Access to one object, for the length of a call. Shared between threads only where the object
+/// may be, as a `MutexGuard`:
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<nccl_net_rivet::handles::Guard<'static, std::cell::Cell<u8>>>();
+/// ```
 pub struct Guard<'a, T> {
     slot: &'a Slot<T>,
     /// The state word to leave behind: the generation, free.
     free: u32,
+    /// Shared between threads only where `T` may be, as a `MutexGuard` (a slot is `Sync` for
+    /// any `T: Send`: without this, two threads could call `&self` methods of one object at once).
+    _excl: std::marker::PhantomData<&'a mut T>,
 }
 
 impl<T> std::ops::Deref for Guard<'_, T> {
@@ -172,7 +181,9 @@ impl<T> std::ops::DerefMut for Guard<'_, T> {
 impl<T> Drop for Guard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        // A call that panicked holding the object leaves it unusable (as a poisoned mutex).
+        // A call that panicked holding the object leaves it unusable (as a poisoned mutex; here
+        // also a guard taken while unwinding, which nothing in rivet does: no `Drop` of a comm,
+        // registration or listener reaches a table).
         let left = if std::thread::panicking() { self.free | POISONED } else { self.free };
         self.slot.state.store(left, Ordering::Release);
     }
@@ -246,12 +257,11 @@ impl<T> Table<T> {
         let slot = &chunk[index as usize % CHUNK];
         // An empty slot: no token matches it, so nothing but a stale look (`check`) reaches it.
         let Ok(state) = slot.lock(None, true) else { unreachable!("lock of any generation") };
-        let mut g = Guard { slot, free: state & !POISONED };
-        // SAFETY: held by `g`.
+        // SAFETY: held (HELD set by `lock` above), released by the store below; writing an
+        // `Option` over `None` runs no code that could panic in between.
         unsafe { *slot.val.get() = Some(v) };
         let gen = (state >> GEN_SHIFT) & GEN_MASK;
-        g.free = gen << GEN_SHIFT;
-        drop(g);
+        slot.state.store(gen << GEN_SHIFT, Ordering::Release);
         Ok(Token { kind, index, gen, req: 0 })
     }
 
@@ -271,7 +281,7 @@ impl<T> Table<T> {
         let free = t.gen << GEN_SHIFT;
         match slot.state.compare_exchange_weak(free, free | HELD, Ordering::Acquire, Ordering::Relaxed) {
             // The generation is changed only with the slot held: it holds while we do.
-            Ok(_) => Ok(Guard { slot, free }),
+            Ok(_) => Ok(Guard { slot, free, _excl: std::marker::PhantomData }),
             Err(_) => Self::get_slow(slot, t),
         }
     }
@@ -281,7 +291,7 @@ impl<T> Table<T> {
     #[inline(never)]
     fn get_slow(slot: &Slot<T>, t: Token) -> Result<Guard<'_, T>, Stale> {
         let state = slot.lock(Some(t.gen), false)?;
-        Ok(Guard { slot, free: state })
+        Ok(Guard { slot, free: state, _excl: std::marker::PhantomData })
     }
 
     /// As `get`, but None instead of waiting when another call holds the object.
@@ -289,7 +299,7 @@ impl<T> Table<T> {
         let slot = self.slot(t.index)?;
         let free = t.gen << GEN_SHIFT;
         slot.state.compare_exchange(free, free | HELD, Ordering::Acquire, Ordering::Relaxed).ok()?;
-        Some(Guard { slot, free })
+        Some(Guard { slot, free, _excl: std::marker::PhantomData })
     }
 
     /// Whether `t` still names an object (it may be held by a call right now).
@@ -303,11 +313,13 @@ impl<T> Table<T> {
         let slot = self.check(t)?;
         // A poisoned object can still be closed (and its resources released).
         let state = slot.lock(Some(t.gen), true)?;
-        let mut g = Guard { slot, free: state };
-        // SAFETY: held by `g`.
-        let v = unsafe { (*slot.val.get()).take() }.ok_or(Stale::Closed)?;
-        g.free = EMPTY | ((t.gen + 1) & GEN_MASK) << GEN_SHIFT;
-        drop(g);
+        // SAFETY: held (HELD set by `lock` above), released by the stores below; `take` runs no
+        // code that could panic in between.
+        let Some(v) = (unsafe { (*slot.val.get()).take() }) else {
+            slot.state.store(state, Ordering::Release);
+            return Err(Stale::Closed);
+        };
+        slot.state.store(EMPTY | ((t.gen + 1) & GEN_MASK) << GEN_SHIFT, Ordering::Release);
         self.free.lock().unwrap_or_else(|p| p.into_inner()).0.push(t.index);
         Ok(v)
     }
@@ -396,6 +408,13 @@ mod tests {
         assert_eq!(t.remove(a).unwrap(), 3);
         let b = t.insert(Kind::SendComm, 4).ok().unwrap();
         assert_eq!(*t.get(b).unwrap(), 4, "the slot is usable again, unpoisoned");
+    }
+
+    #[test]
+    fn a_guard_is_shared_between_threads_where_its_object_may_be() {
+        // The counterpart of Guard's compile_fail doctest (a Cell's guard is not Sync).
+        fn shared<T: Sync>() {}
+        shared::<Guard<'static, u8>>();
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use super::layout::{self, get, get_u16, get_u32, get_u64, get_u8, put, put_u16, put_u32, put_u64, put_u8};
 use super::PROTO_VERSION;
-pub use super::notice::{NOTICE_SIZE, Mismatch, MAX_RESYNC_RECVS, MAX_NOTICE, ResyncRecv, Resync, remap_keeping, remap, Notice};
+pub use super::notice::{remap, remap_keeping, Mismatch, Notice, Resync, ResyncRecv, MAX_NOTICE, MAX_RESYNC_RECVS, NOTICE_SIZE};
 
 pub const META_SIZE: usize = layout::meta::SIZE;
 const META_MAGIC: u32 = 0x5256_564d; // "RVVM"

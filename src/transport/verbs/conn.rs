@@ -618,7 +618,6 @@ impl<N: Nic> Common<N> {
             ),
         )
     }
-
 }
 
 /// NCCL profiler events of a `size`-byte message over `qps`, logical queue pair `q` carried by

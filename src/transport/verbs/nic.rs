@@ -64,6 +64,11 @@ pub trait Nic: Sized + 'static {
     fn poll(cq: &Self::Cq, wc: &mut [ibv_wc]) -> Result<usize>;
     /// Move a failed queue pair to ERR (every work request on it completes, flushed).
     fn to_err(qp: &Self::Qp, port: &Self::Port) -> Result<()>;
+    /// `to_err` once, without the retries of a change that times out (a queue pair recovery
+    /// could not take back, from inside `test`).
+    fn to_err_now(qp: &Self::Qp, port: &Self::Port) -> Result<()> {
+        Self::to_err(qp, port)
+    }
     /// Take a failed queue pair back: RESET, INIT, RTR towards the same remote one.
     fn reset_to_rtr(qp: &Self::Qp, port: &Self::Port, l: &Link) -> Result<()>;
     /// Its second half: RTR to RTS.
@@ -155,6 +160,10 @@ impl Nic for Verbs {
 
     fn to_err(qp: &QpRts, port: &IbPort) -> Result<()> {
         qp.to_err(port)
+    }
+
+    fn to_err_now(qp: &QpRts, port: &IbPort) -> Result<()> {
+        qp.to_err_now(port)
     }
 
     fn reset_to_rtr(qp: &QpRts, port: &IbPort, l: &Link) -> Result<()> {

@@ -586,7 +586,14 @@ impl<N: Nic> Conn for VerbsRecv<N> {
         // moment: see `idle`) whose request still waits polls once, and when that finds nothing,
         // counts the idle call and returns.
         if self.calm && matches!(self.eng.waiting(slot), Ok(true)) {
-            let n = self.c.poll(&self.cqs)?;
+            let n = match self.c.poll(&self.cqs) {
+                Ok(n) => n,
+                Err(e) => {
+                    // The comm is dead: every later call goes the general way, and fails.
+                    self.calm = false;
+                    return Err(e);
+                }
+            };
             if n == 0 && !self.c.idle_tick() {
                 return Ok(None);
             }

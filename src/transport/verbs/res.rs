@@ -13,7 +13,7 @@ use std::ffi::c_int;
 mod modify;
 
 pub use modify::MqpRetry;
-use modify::{modify, setup_retry, to_init, to_rtr, to_rts, NO_RETRY};
+use modify::{modify, setup_retry, to_init, to_rtr, to_rts, IN_CALL};
 
 fn v() -> &'static Verbs {
     verbs::get().expect("verbs resources exist only once libibverbs is loaded")
@@ -354,8 +354,8 @@ impl QpRts {
         // SAFETY: ibv_qp_attr is plain C data (see `to_init`); only the state is read for this mask.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = IBV_QPS_RESET;
-        modify(&self.0, &mut a, IBV_QP_STATE, "RESET", port, NO_RETRY)?;
-        to_init(&self.0, port, l.access, l.pkey_index, NO_RETRY)?;
+        modify(&self.0, &mut a, IBV_QP_STATE, "RESET", port, IN_CALL)?;
+        to_init(&self.0, port, l.access, l.pkey_index, IN_CALL)?;
         if let Some(e) = l.ece {
             self.0.set_ece(e).map_err(|rc| {
                 Error::system(format!(
@@ -367,24 +367,34 @@ impl QpRts {
                 ))
             })?;
         }
-        to_rtr(&self.0, port, &l.remote, &l.params, NO_RETRY)
+        to_rtr(&self.0, port, &l.remote, &l.params, IN_CALL)
     }
 
     /// The second half of taking a queue pair back: RTR → RTS.
     pub fn back_to_rts(&self, port: &IbPort, l: &Link) -> Result<()> {
-        to_rts(&self.0, port, &l.params, NO_RETRY)
+        to_rts(&self.0, port, &l.params, IN_CALL)
     }
 
     /// Move a failed queue pair to ERR: nothing more arrives through it, and every work request
     /// on it (and any posted after) completes, flushed.
     pub fn to_err(&self, port: &IbPort) -> Result<()> {
-        // SAFETY: ibv_qp_attr is plain C data (see `rtr`); only the state is read for this mask.
-        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = IBV_QPS_ERR;
         // Still net_ib's retries, sleeps included, though a failover reaches it from a data-path
         // call: a failover cannot go on without the queue pair in ERR (it would keep sending),
         // and a comm killed for a busy firmware's ETIMEDOUT loses the job a wait would save.
-        modify(&self.0, &mut a, IBV_QP_STATE, "ERR", port, setup_retry())
+        self.err_with(port, setup_retry())
+    }
+
+    /// `to_err` once, without a retry: a queue pair that recovery could not take back goes back
+    /// to ERR from inside `test` (nothing was sent on it again; the next attempt resets it).
+    pub fn to_err_now(&self, port: &IbPort) -> Result<()> {
+        self.err_with(port, IN_CALL)
+    }
+
+    fn err_with(&self, port: &IbPort, retry: Option<MqpRetry>) -> Result<()> {
+        // SAFETY: ibv_qp_attr is plain C data (see `rtr`); only the state is read for this mask.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = IBV_QPS_ERR;
+        modify(&self.0, &mut a, IBV_QP_STATE, "ERR", port, retry)
     }
 }
 

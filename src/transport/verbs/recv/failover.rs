@@ -76,7 +76,7 @@ impl<N: Nic> VerbsRecv<N> {
         let (nq, ln) = (self.qps.len(), self.c.ports.len());
         for q in (0..nq).filter(|&q| no & (1 << q) != 0) {
             // Back to ERR (the sender never sent on it again: nothing to drain), tried later.
-            let _ = N::to_err(&self.qps[q], self.c.ports[member_of(q, ln)]);
+            let _ = N::to_err_now(&self.qps[q], self.c.ports[member_of(q, ln)]);
         }
         self.c.failed_over(no);
         let mut ok = 0u32;

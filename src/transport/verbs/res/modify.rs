@@ -1,5 +1,6 @@
 //! A queue pair's state changes (`ibv_modify_qp`): INIT, RTR and RTS with their attributes, and
-//! NCCL_IB_MQP_RETRY_*'s retries of a change that times out, at setup only.
+//! NCCL_IB_MQP_RETRY_*'s retries of a change that times out: at setup and for a failover's move
+//! to ERR, never for recovery's changes inside a data-path call.
 
 use super::*;
 
@@ -33,18 +34,24 @@ impl MqpRetry {
     }
 }
 
-/// NCCL_IB_MQP_RETRY_*'s retries, with their sleeps: at setup, as net_ib.
-pub(super) fn setup_retry() -> MqpRetry {
-    crate::config::get().ib_mqp_retry
+/// NCCL_IB_MQP_RETRY_*'s retries, with their sleeps: at setup, as net_ib (and for a failover's
+/// move to ERR, see `QpRts::to_err`).
+pub(super) fn setup_retry() -> Option<MqpRetry> {
+    Some(crate::config::get().ib_mqp_retry)
 }
 
-/// No retry: a queue pair taken back or failed over from inside `test`, `isend` or `irecv`,
-/// which must not sleep on NCCL's proxy thread. A recovery that fails is tried again at its
-/// next attempt (NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY later), which stands for the
-/// retry; the error says so.
+/// Once, without a retry: a change recovery makes from inside `test`, which must not sleep on
+/// NCCL's proxy thread. A take-back that fails is tried again at recovery's next attempt
+/// (NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY later), which stands for the retry; the error
+/// says so.
+pub(super) const IN_CALL: Option<MqpRetry> = None;
+/// What `IN_CALL` runs with.
 pub(super) const NO_RETRY: MqpRetry = MqpRetry { all: false, count: 0, sleep_ms: 0 };
 
-pub(super) fn modify(qp: &Qp, attr: &mut ibv_qp_attr, mask: u32, what: &str, port: &IbPort, retry: MqpRetry) -> Result<()> {
+/// Move `qp` to `what` with `attr` (the fields `mask` names), with NCCL_IB_MQP_RETRY_*'s retries
+/// (`Some`) or once, inside a data-path call (`IN_CALL`).
+pub(super) fn modify(qp: &Qp, attr: &mut ibv_qp_attr, mask: u32, what: &str, port: &IbPort, retry_with: Option<MqpRetry>) -> Result<()> {
+    let retry = retry_with.unwrap_or(NO_RETRY);
     let (rc, retries) = retry.run(
         // SAFETY: `modify_qp` is ibv_modify_qp, resolved with the C signature declared in Verbs;
         // qp.raw is live (Qp destroys it only in Drop, and it is borrowed here), and `attr` is an
@@ -68,8 +75,8 @@ pub(super) fn modify(qp: &Qp, attr: &mut ibv_qp_attr, mask: u32, what: &str, por
     if rc != 0 {
         let after = if retries > 0 {
             format!(" (after {retries} retries: NCCL_IB_MQP_RETRY_CNT)")
-        } else if retry.count == 0 && rc == libc::ETIMEDOUT {
-            " (not retried inside a data-path call: the next recovery attempt tries again)".to_string()
+        } else if retry_with.is_none() && rc == libc::ETIMEDOUT {
+            " (not retried inside a data-path call: recovery's next attempt tries again)".to_string()
         } else {
             String::new()
         };
@@ -88,7 +95,7 @@ pub(super) fn modify(qp: &Qp, attr: &mut ibv_qp_attr, mask: u32, what: &str, por
 }
 
 /// RESET → INIT on `port` with `access`.
-pub(super) fn to_init(qp: &Qp, port: &IbPort, access: u32, pkey_index: u16, retry: MqpRetry) -> Result<()> {
+pub(super) fn to_init(qp: &Qp, port: &IbPort, access: u32, pkey_index: u16, retry: Option<MqpRetry>) -> Result<()> {
     // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
     // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
     // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
@@ -105,7 +112,7 @@ pub(super) fn to_init(qp: &Qp, port: &IbPort, access: u32, pkey_index: u16, retr
 static NO_FLID_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// INIT → RTR towards `remote`.
-pub(super) fn to_rtr(qp: &Qp, port: &IbPort, remote: &RemoteQp, p: &PathParams, retry: MqpRetry) -> Result<()> {
+pub(super) fn to_rtr(qp: &Qp, port: &IbPort, remote: &RemoteQp, p: &PathParams, retry: Option<MqpRetry>) -> Result<()> {
     // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
     // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
     // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
@@ -148,7 +155,7 @@ pub(super) fn to_rtr(qp: &Qp, port: &IbPort, remote: &RemoteQp, p: &PathParams, 
 }
 
 /// RTR → RTS with the retry settings.
-pub(super) fn to_rts(qp: &Qp, port: &IbPort, p: &PathParams, retry: MqpRetry) -> Result<()> {
+pub(super) fn to_rts(qp: &Qp, port: &IbPort, p: &PathParams, retry: Option<MqpRetry>) -> Result<()> {
     // SAFETY: ibv_qp_attr is repr(C) of integers, c_uint enum aliases and nested plain structs
     // (ibv_qp_cap, ibv_ah_attr with its ibv_gid union), with no pointers or Rust enums, so
     // all-zero is a valid value; ibv_modify_qp reads only the fields named in the mask, which
