@@ -33,6 +33,7 @@ static int case_group(const Opts* o, char* d, size_t dl) { return spawn(o, 2, ch
 static int case_ring(const Opts* o, char* d, size_t dl) { return spawn(o, 4, child_ring, NULL, 90, d, dl); }
 static int case_closeinflight(const Opts* o, char* d, size_t dl) { return spawn(o, 2, child_closeinflight, NULL, 60, d, dl); }
 static int case_reuse(const Opts* o, char* d, size_t dl) { return spawn(o, 2, child_reuse, NULL, 60, d, dl); }
+static int case_connect(const Opts* o, char* d, size_t dl) { return spawn(o, 2, child_connect, NULL, 60, d, dl); }
 static int case_mismatch(const Opts* o, char* d, size_t dl) {
   return spawn(o, 2, child_mismatch, NULL, 40 + o->rivet_timeout, d, dl);
 }
@@ -68,6 +69,7 @@ static const struct {
   {"optional", case_optional, 0}, {"badargs", case_badargs, 0},
   {"badrkey", case_badrkey, 1}, /* RDMA verbs transport only */
   {"late", case_late, 1},       /* slow: 2.5 x RIVET_TIMEOUT */
+  {"connect", case_connect, 1},   /* the connections alone, no data */
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 

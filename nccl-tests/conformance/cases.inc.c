@@ -393,6 +393,23 @@ static int child_closeinflight(Child* c, void* arg) {
   return 0;
 }
 
+/* ---- connect: the connections alone ----------------------------------- */
+/* Listen, connect, accept and close, with no data: for links where the connection is the thing
+   under test and no traffic can flow (the VM's subnet-aware step puts a pair on two wires it does
+   not route between). */
+static int child_connect(Child* c, void* arg) {
+  (void)arg;
+  if (child_open(c)) return 1;
+  Conn k;
+  if (ring_setup(c, &k)) return 1;
+  if (!k.sc || !k.rc) FAIL(c, "connect/accept returned success without both comms");
+  if (child_barrier(c)) FAIL(c, "barrier failed");
+  if (conn_close(c, &k)) return 1;
+  if (child_finalize(c)) return 1;
+  child_detail(c, "connected, accepted and closed");
+  return 0;
+}
+
 /* ---- reuse ---------------------------------------------------------- */
 static int child_reuse(Child* c, void* arg) {
   (void)arg;
