@@ -15,9 +15,11 @@ cargo clippy --test shell_sim -- -D warnings -D clippy::undocumented_unsafe_bloc
 cargo test --release --no-fail-fast
 # The verbs protocol's two engines against each other in the simulator: 100,000 seeded schedules.
 RIVET_SIM_SCHEDULES=100000 cargo test --release --test sim random_schedules
-# The production verbs shells over a simulated NIC (dev profile: its debug assertions check the
-# shells' unsafe code too): 100 seeded schedules.
+# The production verbs shells over a simulated NIC with its faults (links, ports, recovery,
+# fatal statuses, a side gone; adaptive routing, fused members): 100 seeded schedules in the dev
+# profile (its debug assertions check the shells' unsafe code too), 3,000 in release.
 RIVET_SHELL_SIM_SCHEDULES=100 cargo test --test shell_sim
+RIVET_SHELL_SIM_SCHEDULES=3000 cargo test --release --test shell_sim
 # The soak over TCP: random traffic both ways, every byte checked, no growth of RSS, fds or threads
 # (RIVET_SOAK_MINUTES, default 3).
 NCCL_SOCKET_IFNAME=lo target/release/rivet soak --minutes "${RIVET_SOAK_MINUTES:-3}"

@@ -1,6 +1,23 @@
-//! The simulated NIC of `shell_sim`: one fabric per thread, implementing the verbs shells'
-//! seam (`nic::Nic`, `nic::NicPort`) as a NIC would.
+//! The simulated NIC of `shell_sim`: one fabric per thread, implementing the verbs shells' seam
+//! (`nic::Nic`, `nic::NicPort`) as a NIC would:
+//! - ports (one device each, a fused device's members among them) with their own keys: a key of
+//!   one device used on a queue pair of another is refused, as hardware refuses it;
+//! - a queue pair has up to `WINDOW` work requests on the wire; their bytes are placed in
+//!   packets of `MTU` bytes, in order, or in any order under adaptive routing, and a packet of
+//!   `SMALL` bytes or less in pieces in address order (what a reader polling memory may see);
+//!   work requests complete in order, a write with an immediate only once everything before it
+//!   is placed and the peer has a receive posted (receiver not ready: it waits, as with
+//!   rnr_retry 7);
+//! - a send queue slot is free again only when the completion of its work request, or of a
+//!   signaled one after it, has been polled (as providers account), a receive queue holds what
+//!   it was created for, and a completion queue that overflows is a fault;
+//! - a link or port that fails leaves a random part of the writes on the wire placed, fails the
+//!   oldest work request (RETRY_EXC_ERR; LOC_QP_OP_ERR for a port that is down, as Soft-RoCE
+//!   reports it), flushes everything after it and the receive queue, and puts the queue pair in
+//!   ERR; a queue pair reset and moved back to RTR and RTS starts empty;
+//! - the time is the schedule's (`now_ms`), so that a schedule replays exactly.
 
+use crate::rng::Rng;
 use nccl_net_rivet::sys::ib::*;
 use nccl_net_rivet::transport::verbs::conn;
 use nccl_net_rivet::transport::verbs::nic::{Nic, NicPort};
@@ -8,17 +25,27 @@ use nccl_net_rivet::transport::verbs::res::Link;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 
+/// Bytes of a packet.
+pub(crate) const MTU: usize = 4096;
+/// Work requests of a queue pair on the wire at once.
+const WINDOW: usize = 4;
+/// Packets of this size or less (control writes: clear-to-send entries, credits, sizes) are
+/// placed in pieces of 8 bytes or more, in address order.
+const SMALL: usize = 256;
+
 #[derive(Clone, Copy)]
 pub(crate) struct Region {
     pub(crate) addr: usize,
     pub(crate) len: usize,
     pub(crate) access: u32,
+    /// The port (device) the registration is on.
+    pub(crate) port: usize,
 }
 
 pub(crate) enum Data {
     /// The bytes, copied at post (an inline work request).
     Inline(Vec<u8>),
-    /// Read when the work request executes: (address, length, lkey) per scatter entry.
+    /// Read when the work request starts: (address, length, lkey) per scatter entry.
     Gather(Vec<(usize, usize, u32)>),
 }
 
@@ -30,44 +57,122 @@ pub(crate) struct Wr {
     pub(crate) rkey: u32,
     pub(crate) imm: u32,
     pub(crate) data: Data,
+    /// Its place in the send queue (since the queue pair's last reset).
+    pub(crate) seq: u64,
+}
+
+/// A work request on the wire: its bytes, the pieces (offset, length) not placed yet, and
+/// the epoch of the queue pair it goes to when it started (a reset there since: it fails).
+pub(crate) struct Flight {
+    pub(crate) wr: Wr,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) pending: Vec<(usize, usize)>,
+    pub(crate) peer_epoch: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum QpState {
+    /// Reset: takes nothing (what reaches it is dropped) until moved to RTR again.
+    Reset,
+    /// Ready to receive (reset and moved back, not yet sending).
+    Rtr,
+    Rts,
+    Err,
+    /// Its side went away (destroyed): its peer's packets go nowhere.
+    Gone,
 }
 
 pub(crate) struct Qp {
     pub(crate) qpn: u32,
     pub(crate) cq: usize,
+    pub(crate) port: usize,
     /// The queue pair at the other end (None for a flush queue pair: it reads its own memory).
     pub(crate) peer: Option<usize>,
     pub(crate) sq: VecDeque<Wr>,
+    pub(crate) flights: VecDeque<Flight>,
     pub(crate) sq_depth: usize,
     pub(crate) rq: VecDeque<u64>,
     pub(crate) rq_depth: usize,
-    pub(crate) err: bool,
+    pub(crate) state: QpState,
+    /// Resets so far (a completion polled after one frees nothing of the new queue).
+    pub(crate) epoch: u32,
+    /// Work requests posted, and those whose slots a polled completion has freed.
+    pub(crate) posted: u64,
+    pub(crate) freed: u64,
+    /// Packet sequence numbers (one per message here): the next this queue pair sends, and the
+    /// next it expects. Both start again at a reset, so that a queue pair reset at one end
+    /// only talks to one reset at the other.
+    pub(crate) sq_psn: u64,
+    pub(crate) rq_psn: u64,
 }
 
-#[derive(Default)]
+pub(crate) struct Port {
+    /// The link is up (the wire); `shown_down`: the port's state says DOWN and a PORT_ERR came.
+    pub(crate) up: bool,
+    pub(crate) shown_down: bool,
+    pub(crate) ar: bool,
+    /// PORT_ERR events so far.
+    pub(crate) downs: u32,
+    /// A work request on this port while it is down fails with LOC_QP_OP_ERR (Soft-RoCE's way),
+    /// else RETRY_EXC_ERR (a NIC's transport giving up).
+    pub(crate) loc_op_err: bool,
+}
+
+/// The send work request a completion frees the slots up to: queue pair, epoch, sequence number.
+type Frees = Option<(usize, u32, u64)>;
+
+pub(crate) struct Cq {
+    /// Completions, each with the send work request it frees the slots up to, if it is one.
+    pub(crate) wcs: VecDeque<(ibv_wc, Frees)>,
+    pub(crate) depth: usize,
+}
+
 pub(crate) struct Fabric {
     pub(crate) regions: HashMap<u32, Region>,
+    pub(crate) ports: Vec<Port>,
     pub(crate) qps: Vec<Qp>,
-    pub(crate) cqs: Vec<VecDeque<ibv_wc>>,
+    pub(crate) cqs: Vec<Cq>,
     pub(crate) next_key: u32,
     /// What the shells did that a NIC would refuse (the run fails on any).
     pub(crate) faults: Vec<String>,
-    /// Queue pairs whose link is dead (both ends of a pair): their work requests fail.
-    pub(crate) broken: Vec<bool>,
-    /// Work requests that ran into a dead link.
+    /// Queue pairs whose link is cut (both ends of a pair): their work requests fail.
+    pub(crate) cut: Vec<bool>,
+    /// The next work request of a queue pair fails with this status (a fault injected).
+    pub(crate) fatal: Option<(usize, u32)>,
+    /// Work requests that met a failed link or port, and queue pairs moved back to RTS.
     pub(crate) failed: usize,
-    /// Bytes a write on a dead link places before it fails (a prefix, as a link that dies
-    /// mid-message leaves), chosen by the schedule.
-    pub(crate) torn: usize,
+    pub(crate) recovered: usize,
+    pub(crate) rng: Rng,
+    pub(crate) now_ms: u64,
+}
+
+impl Default for Fabric {
+    fn default() -> Fabric {
+        Fabric {
+            regions: HashMap::new(),
+            ports: Vec::new(),
+            qps: Vec::new(),
+            cqs: Vec::new(),
+            next_key: 0x100,
+            faults: Vec::new(),
+            cut: Vec::new(),
+            fatal: None,
+            failed: 0,
+            recovered: 0,
+            rng: Rng(1),
+            now_ms: 0,
+        }
+    }
 }
 
 thread_local! {
-    pub(crate) static FAB: RefCell<Fabric> = RefCell::new(Fabric { next_key: 0x100, ..Default::default() });
+    pub(crate) static FAB: RefCell<Fabric> = RefCell::new(Fabric::default());
 }
 
 #[inline(never)]
 pub(crate) fn fab<T>(f: impl FnOnce(&mut Fabric) -> T) -> T {
-    FAB.with(|x| f(&mut x.borrow_mut()))
+    // The NIC's own allocations are not the shells'.
+    crate::nic_quiet(|| FAB.with(|x| f(&mut x.borrow_mut())))
 }
 
 pub(crate) fn wc(wr_id: u64, status: u32, opcode: u32, qpn: u32, len: u32, imm: u32) -> ibv_wc {
@@ -83,16 +188,26 @@ pub(crate) fn wc(wr_id: u64, status: u32, opcode: u32, qpn: u32, len: u32, imm: 
 }
 
 impl Fabric {
-    pub(crate) fn register(&mut self, addr: usize, len: usize, access: u32) -> u32 {
+    pub(crate) fn register(&mut self, addr: usize, len: usize, access: u32, port: usize) -> u32 {
         let k = self.next_key;
         self.next_key += 1;
-        self.regions.insert(k, Region { addr, len, access });
+        self.regions.insert(k, Region { addr, len, access, port });
         k
     }
 
-    /// The region `key` names if it covers `[addr, addr + len)` with `access`.
-    pub(crate) fn check(&mut self, key: u32, addr: usize, len: usize, access: u32, what: &str) -> bool {
+    pub(crate) fn new_port(&mut self, ar: bool, loc_op_err: bool) -> usize {
+        self.ports.push(Port { up: true, shown_down: false, ar, downs: 0, loc_op_err });
+        self.ports.len() - 1
+    }
+
+    /// The region `key` names if it is on `port` and covers `[addr, addr + len)` with `access`.
+    pub(crate) fn check(&mut self, key: u32, port: usize, addr: usize, len: usize, access: u32, what: &str) -> bool {
         match self.regions.get(&key) {
+            Some(r) if r.port != port => {
+                let rp = r.port;
+                self.faults.push(format!("{what}: key {key:#x} is of port {rp}, used on port {port}"));
+                false
+            }
             Some(r) if addr >= r.addr && addr + len <= r.addr + r.len && r.access & access == access => true,
             Some(r) => {
                 self.faults.push(format!("{what}: [{addr:#x}, +{len}) with key {key:#x} is outside or lacks access {access:#x} of its region [{:#x}, +{}) {:#x}", r.addr, r.len, r.access));
@@ -106,97 +221,250 @@ impl Fabric {
         }
     }
 
-    /// The oldest work request of `q` runs into a dead link: a write places at most a prefix of
-    /// its bytes, then the transport gives up (RETRY_EXC_ERR, signaled or not), the queue pair
-    /// goes to ERR, and everything after it on its send queue completes flushed.
-    pub(crate) fn fail(&mut self, q: usize) -> bool {
-        let w = self.qps[q].sq.pop_front().unwrap();
-        self.failed += 1;
-        if let (IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM, Data::Gather(g)) = (w.opcode, &w.data) {
-            if let Some(&(addr, len, _)) = g.first() {
-                let n = len.min(self.torn);
-                if n > 0 && self.check(w.rkey, w.remote as usize, n, IBV_ACCESS_REMOTE_WRITE, "an RDMA WRITE") {
-                    // SAFETY: the source is the work request's (checked when the shells posted
-                    // it: their memory, live until the send completes), the target checked.
-                    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, w.remote as *mut u8, n) };
-                }
-            }
+    fn push_wc(&mut self, cq: usize, w: ibv_wc, frees: Frees) {
+        let c = &mut self.cqs[cq];
+        if c.wcs.len() >= c.depth {
+            let d = c.depth;
+            self.faults.push(format!("completion queue {cq} of depth {d} overflows (a NIC reports CQ_ERR and the device is lost)"));
         }
-        let (qpn, cq) = (self.qps[q].qpn, self.qps[q].cq);
-        self.cqs[cq].push_back(wc(w.wr_id, IBV_WC_RETRY_EXC_ERR, 0, qpn, 0, 0));
-        self.qps[q].err = true;
-        let rest: Vec<u64> = self.qps[q].sq.drain(..).map(|w| w.wr_id).collect();
-        for id in rest {
-            self.cqs[cq].push_back(wc(id, IBV_WC_WR_FLUSH_ERR, 0, qpn, 0, 0));
-        }
-        true
+        self.cqs[cq].wcs.push_back((w, frees));
     }
 
-    pub(crate) fn new_qp(&mut self, cq: usize, sq_depth: usize, rq_depth: usize) -> usize {
+    /// A send work request's completion on `q` with `status`.
+    fn complete(&mut self, q: usize, wr: &Wr, status: u32) {
+        let (qpn, cq, epoch) = (self.qps[q].qpn, self.qps[q].cq, self.qps[q].epoch);
+        self.push_wc(cq, wc(wr.wr_id, status, 0, qpn, 0, 0), Some((q, epoch, wr.seq)));
+    }
+
+    pub(crate) fn new_qp(&mut self, cq: usize, port: usize, sq_depth: usize, rq_depth: usize) -> usize {
         let qpn = 0x40 + self.qps.len() as u32;
-        self.qps.push(Qp { qpn, cq, peer: None, sq: VecDeque::new(), sq_depth, rq: VecDeque::new(), rq_depth, err: false });
+        self.qps.push(Qp {
+            qpn,
+            cq,
+            port,
+            peer: None,
+            sq: VecDeque::new(),
+            flights: VecDeque::new(),
+            sq_depth,
+            rq: VecDeque::new(),
+            rq_depth,
+            state: QpState::Rts,
+            epoch: 0,
+            posted: 0,
+            freed: 0,
+            sq_psn: 0,
+            rq_psn: 0,
+        });
+        self.cut.push(false);
         self.qps.len() - 1
     }
 
-    pub(crate) fn new_cq(&mut self) -> usize {
-        self.cqs.push(VecDeque::new());
+    pub(crate) fn new_cq(&mut self, depth: usize) -> usize {
+        self.cqs.push(Cq { wcs: VecDeque::new(), depth });
         self.cqs.len() - 1
     }
 
-    /// Execute the oldest work request of queue pair `q`; false if it must wait (no receive
-    /// posted at the other end) or there is none.
-    pub(crate) fn step(&mut self, q: usize) -> bool {
-        let Some(w) = self.qps[q].sq.front() else { return false };
-        let needs_recv = matches!(w.opcode, IBV_WR_RDMA_WRITE_WITH_IMM | IBV_WR_SEND_WITH_IMM);
-        let peer = self.qps[q].peer;
-        if needs_recv && peer.is_some_and(|p| self.qps[p].rq.is_empty()) {
-            return false; // receiver not ready: the NIC retries (rnr_retry 7)
+    /// The state of every queue pair, port and completion queue, for a report.
+    pub(crate) fn dump(&self) -> String {
+        let mut s = String::new();
+        for (i, q) in self.qps.iter().enumerate() {
+            let pieces: usize = q.flights.iter().map(|f| f.pending.len()).sum();
+            s += &format!(
+                "\n  QP {i} (QPN {:#x}, port {}, peer {:?}): {:?}, {} queued, {} on the wire ({pieces} pieces unplaced), {} receives, {} posted {} freed of {}, epoch {}, cut {}",
+                q.qpn, q.port, q.peer, q.state, q.sq.len(), q.flights.len(), q.rq.len(), q.posted, q.freed, q.sq_depth, q.epoch, self.cut[i]
+            );
         }
-        if self.broken.get(q).copied().unwrap_or(false) {
-            return self.fail(q);
+        for (i, p) in self.ports.iter().enumerate() {
+            s += &format!("\n  port {i}: up {}, shown down {}", p.up, p.shown_down);
         }
+        for (i, c) in self.cqs.iter().enumerate() {
+            s += &format!("\n  CQ {i}: {} of {}", c.wcs.len(), c.depth);
+        }
+        s
+    }
+
+    /// Why `q`'s next work request cannot reach its peer, if it cannot.
+    fn link_fault(&self, q: usize) -> Option<u32> {
+        let qp = &self.qps[q];
+        let port = &self.ports[qp.port];
+        if !port.up {
+            return Some(if port.loc_op_err { IBV_WC_LOC_QP_OP_ERR } else { IBV_WC_RETRY_EXC_ERR });
+        }
+        let p = qp.peer?;
+        let peer = &self.qps[p];
+        if self.cut[q] || !self.ports[peer.port].up || matches!(peer.state, QpState::Err | QpState::Gone | QpState::Reset) {
+            return Some(IBV_WC_RETRY_EXC_ERR);
+        }
+        // A queue pair reset at one end and not at the other: the responder's expected sequence
+        // number is not the requester's (its NAKs end in the requester's retries exceeded).
+        if qp.flights.iter().any(|f| f.peer_epoch != peer.epoch) || (!qp.sq.is_empty() && qp.sq_psn != peer.rq_psn) {
+            return Some(IBV_WC_RETRY_EXC_ERR);
+        }
+        None
+    }
+
+    /// Place the piece `i` of flight `f` of `q` (all of it, or for a small one a prefix).
+    fn place(&mut self, q: usize, f: usize, i: usize) {
+        let (off, len) = self.qps[q].flights[f].pending[i];
+        let n = if len <= SMALL && len > 8 { (1 + self.rng.below(len / 8)) * 8 } else { len };
+        let n = n.min(len);
+        let fl = &mut self.qps[q].flights[f];
+        if n == len {
+            fl.pending.remove(i);
+        } else {
+            fl.pending[i] = (off + n, len - n);
+        }
+        if matches!(fl.wr.opcode, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM) {
+            // SAFETY: the target was checked inside a live registration with remote write when
+            // the work request started (the test's memory outlives the comms).
+            unsafe { std::ptr::copy_nonoverlapping(fl.bytes.as_ptr().add(off), (fl.wr.remote as usize + off) as *mut u8, n) };
+        }
+    }
+
+    /// Some of what is on the wire lands before a failure (in order without adaptive routing).
+    fn tear(&mut self, q: usize) {
+        let ar = self.ports[self.qps[q].port].ar;
+        for f in 0..self.qps[q].flights.len() {
+            let k = self.rng.below(self.qps[q].flights[f].pending.len() + 1);
+            for _ in 0..k {
+                let i = if ar { self.rng.below(self.qps[q].flights[f].pending.len()) } else { 0 };
+                self.place(q, f, i);
+            }
+        }
+    }
+
+    /// `q` goes to ERR: what is on the wire is torn, the oldest work request fails with `status`
+    /// (flushed too, for a queue pair moved to ERR), everything after it and the receive queue
+    /// complete flushed.
+    fn fail_qp(&mut self, q: usize, status: u32) {
+        self.tear(q);
+        let qp = &mut self.qps[q];
+        qp.state = QpState::Err;
+        let mut wrs: Vec<Wr> = qp.flights.drain(..).map(|f| f.wr).collect();
+        wrs.extend(qp.sq.drain(..));
+        let rq: Vec<u64> = qp.rq.drain(..).collect();
+        for (i, w) in wrs.iter().enumerate() {
+            self.complete(q, w, if i == 0 { status } else { IBV_WC_WR_FLUSH_ERR });
+        }
+        let (qpn, cq) = (self.qps[q].qpn, self.qps[q].cq);
+        for id in rq {
+            self.push_wc(cq, wc(id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, qpn, 0, 0), None);
+        }
+    }
+
+    /// Start the oldest work request of `q`: read its bytes, check its target, cut it in pieces.
+    fn start(&mut self, q: usize) {
         let w = self.qps[q].sq.pop_front().unwrap();
+        let port = self.qps[q].port;
         let bytes = match &w.data {
             Data::Inline(b) => b.clone(),
             Data::Gather(g) => {
                 let mut b = Vec::new();
                 for &(addr, len, lkey) in g {
-                    if !self.check(lkey, addr, len, 0, "a work request's local buffer") {
-                        return true;
+                    if self.check(lkey, port, addr, len, 0, "a work request's local buffer") {
+                        // SAFETY: checked inside a live registration (the test's memory, which
+                        // outlives the comms).
+                        b.extend_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, len) });
+                    } else {
+                        b.resize(b.len() + len, 0);
                     }
-                    // SAFETY: checked inside a live registration (the test's memory, which
-                    // outlives the comms).
-                    b.extend_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, len) });
                 }
                 b
             }
         };
-        let (qpn, cq) = (self.qps[q].qpn, self.qps[q].cq);
+        let len = bytes.len();
+        let mut pending = Vec::new();
         match w.opcode {
             IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => {
-                let (addr, len) = (w.remote as usize, bytes.len());
-                if self.check(w.rkey, addr, len, IBV_ACCESS_REMOTE_WRITE, "an RDMA WRITE") && len > 0 {
-                    // SAFETY: checked inside a live registration with remote write.
-                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, len) };
+                let target = self.qps[q].peer.map_or(port, |p| self.qps[p].port);
+                if self.check(w.rkey, target, w.remote as usize, len, IBV_ACCESS_REMOTE_WRITE, "an RDMA WRITE") {
+                    pending = (0..len).step_by(MTU).map(|o| (o, MTU.min(len - o))).collect();
                 }
             }
             IBV_WR_RDMA_READ => {
-                // A flush read of our own memory: nothing to move that the test looks at.
+                // A flush read of our own memory: the target must allow it; nothing placed that
+                // the test looks at.
+                let len = match &w.data {
+                    Data::Gather(g) => g.iter().map(|s| s.1).sum(),
+                    Data::Inline(_) => 0,
+                };
+                self.check(w.rkey, port, w.remote as usize, len, IBV_ACCESS_REMOTE_READ, "an RDMA READ");
             }
             IBV_WR_SEND_WITH_IMM => {}
             op => self.faults.push(format!("opcode {op} is not one the shells post")),
         }
+        let peer_epoch = match self.qps[q].peer {
+            Some(p) => {
+                self.qps[p].rq_psn += 1;
+                self.qps[p].epoch
+            }
+            None => 0,
+        };
+        self.qps[q].sq_psn += 1;
+        self.qps[q].flights.push_back(Flight { wr: w, bytes, pending, peer_epoch });
+    }
+
+    /// The oldest work request on the wire of `q`, all placed: completes (false if it must wait
+    /// for a receive at the other end).
+    fn finish(&mut self, q: usize) -> bool {
+        let f = self.qps[q].flights.front().unwrap();
+        let needs_recv = matches!(f.wr.opcode, IBV_WR_RDMA_WRITE_WITH_IMM | IBV_WR_SEND_WITH_IMM);
+        let peer = self.qps[q].peer;
+        if needs_recv && peer.is_some_and(|p| self.qps[p].rq.is_empty()) {
+            return false; // receiver not ready: the NIC retries (rnr_retry 7)
+        }
+        let f = self.qps[q].flights.pop_front().unwrap();
         if needs_recv {
             let p = peer.expect("a write with an immediate on a connected queue pair");
             let id = self.qps[p].rq.pop_front().unwrap();
             let (pqpn, pcq) = (self.qps[p].qpn, self.qps[p].cq);
-            let op = if w.opcode == IBV_WR_SEND_WITH_IMM { IBV_WC_RECV } else { IBV_WC_RECV_RDMA_WITH_IMM };
-            self.cqs[pcq].push_back(wc(id, IBV_WC_SUCCESS, op, pqpn, bytes.len() as u32, w.imm));
+            let op = if f.wr.opcode == IBV_WR_SEND_WITH_IMM { IBV_WC_RECV } else { IBV_WC_RECV_RDMA_WITH_IMM };
+            self.push_wc(pcq, wc(id, IBV_WC_SUCCESS, op, pqpn, f.bytes.len() as u32, f.wr.imm), None);
         }
-        if w.signaled {
-            self.cqs[cq].push_back(wc(w.wr_id, IBV_WC_SUCCESS, 0, qpn, 0, 0));
+        if f.wr.signaled {
+            self.complete(q, &f.wr, IBV_WC_SUCCESS);
         }
         true
+    }
+
+    /// Some work of queue pair `q`: start a work request, place a piece, or complete the oldest
+    /// one; false if it has nothing it can do now.
+    pub(crate) fn step(&mut self, q: usize) -> bool {
+        let qp = &self.qps[q];
+        if qp.state != QpState::Rts || (qp.sq.is_empty() && qp.flights.is_empty()) {
+            return false;
+        }
+        if let Some(status) = self.link_fault(q) {
+            self.failed += 1;
+            self.fail_qp(q, status);
+            return true;
+        }
+        if let Some((_, status)) = self.fatal.filter(|&(fq, _)| fq == q) {
+            self.fatal = None;
+            self.fail_qp(q, status);
+            return true;
+        }
+        let ar = self.ports[qp.port].ar;
+        let can_start = !qp.sq.is_empty() && qp.flights.len() < WINDOW;
+        let placeable: Vec<usize> = (0..qp.flights.len()).filter(|&f| !qp.flights[f].pending.is_empty()).collect();
+        let head_done = qp.flights.front().is_some_and(|f| f.pending.is_empty());
+        for k in 0..3 {
+            match (self.rng.below(3) + k) % 3 {
+                0 if can_start => {
+                    self.start(q);
+                    return true;
+                }
+                1 if !placeable.is_empty() => {
+                    let f = if ar { placeable[self.rng.below(placeable.len())] } else { placeable[0] };
+                    let i = if ar { self.rng.below(self.qps[q].flights[f].pending.len()) } else { 0 };
+                    self.place(q, f, i);
+                    return true;
+                }
+                2 if head_done && self.finish(q) => return true,
+                _ => {}
+            }
+        }
+        false
     }
 }
 
@@ -210,6 +478,8 @@ pub(crate) struct SimNic;
 
 pub(crate) struct SimPort {
     pub(crate) name: String,
+    /// Its index in the fabric's ports.
+    pub(crate) idx: usize,
 }
 
 impl NicPort for SimPort {
@@ -222,23 +492,30 @@ impl NicPort for SimPort {
     fn poll_events(&self) {}
     fn poll_events_at(&self, _now_ms: u64) {}
     fn seen_down(&self) -> bool {
-        false
+        fab(|f| f.ports[self.idx].shown_down)
     }
     fn state(&self) -> Option<&'static str> {
-        Some("ACTIVE")
+        Some(if fab(|f| f.ports[self.idx].shown_down) { "DOWN" } else { "ACTIVE" })
     }
     fn qp_event(&self, _qpns: impl Iterator<Item = u32> + Clone) -> Option<(u32, &'static str)> {
         None
+    }
+    fn downs(&self) -> u32 {
+        fab(|f| f.ports[self.idx].downs)
     }
     fn check_fatal(&self) -> nccl_net_rivet::error::Result<()> {
         Ok(())
     }
     fn adaptive_routing(&self) -> bool {
-        false
+        fab(|f| f.ports[self.idx].ar)
     }
     fn dev_id(&self) -> usize {
-        self as *const _ as usize
+        0x1000 + self.idx
     }
+}
+
+fn sim_err(what: String) -> nccl_net_rivet::error::Error {
+    nccl_net_rivet::error::Error::system(what)
 }
 
 impl Nic for SimNic {
@@ -290,17 +567,17 @@ impl Nic for SimNic {
                 // SAFETY: a plain u32 either way.
                 let imm = unsafe { w.__bindgen_anon_1.imm_data };
                 let q = &mut f.qps[*qp];
-                let item = Wr { wr_id: w.wr_id, opcode: w.opcode, signaled: w.send_flags & IBV_SEND_SIGNALED != 0, remote, rkey, imm, data };
-                if q.err {
+                let item = Wr { wr_id: w.wr_id, opcode: w.opcode, signaled: w.send_flags & IBV_SEND_SIGNALED != 0, remote, rkey, imm, data, seq: q.posted };
+                q.posted += 1;
+                if q.posted - q.freed > q.sq_depth as u64 {
+                    let (n, d) = (q.posted - q.freed, q.sq_depth);
+                    f.faults.push(format!("send queue of QP {qp} holds {n} work requests not yet freed by a polled completion, deeper than its {d}"));
+                }
+                match q.state {
+                    QpState::Rts => q.sq.push_back(item),
                     // In ERR: every work request completes, flushed.
-                    let (qpn, cq) = (q.qpn, q.cq);
-                    f.cqs[cq].push_back(wc(item.wr_id, IBV_WC_WR_FLUSH_ERR, 0, qpn, 0, 0));
-                } else {
-                    q.sq.push_back(item);
-                    if q.sq.len() > q.sq_depth {
-                        let (n, d) = (q.sq.len(), q.sq_depth);
-                        f.faults.push(format!("send queue of QP {qp} holds {n} work requests, deeper than its {d}"));
-                    }
+                    QpState::Err => f.complete(*qp, &item, IBV_WC_WR_FLUSH_ERR),
+                    s => f.faults.push(format!("a send work request posted on QP {qp} in state {s:?}")),
                 }
                 wr = w.next;
             }
@@ -315,14 +592,18 @@ impl Nic for SimNic {
                 // SAFETY: the caller vouches for the chain.
                 let w = unsafe { &*wr };
                 let q = &mut f.qps[*qp];
-                if q.err {
-                    let (qpn, cq) = (q.qpn, q.cq);
-                    f.cqs[cq].push_back(wc(w.wr_id, IBV_WC_WR_FLUSH_ERR, 0, qpn, 0, 0));
-                } else {
-                    q.rq.push_back(w.wr_id);
-                    if q.rq.len() > q.rq_depth {
-                        let (n, d) = (q.rq.len(), q.rq_depth);
-                        f.faults.push(format!("receive queue of QP {qp} holds {n}, deeper than its {d}"));
+                match q.state {
+                    QpState::Err => {
+                        let (qpn, cq) = (q.qpn, q.cq);
+                        f.push_wc(cq, wc(w.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, qpn, 0, 0), None);
+                    }
+                    QpState::Gone | QpState::Reset => f.faults.push(format!("a receive posted on QP {qp} in state {:?}", q.state)),
+                    _ => {
+                        q.rq.push_back(w.wr_id);
+                        if q.rq.len() > q.rq_depth {
+                            let (n, d) = (q.rq.len(), q.rq_depth);
+                            f.faults.push(format!("receive queue of QP {qp} holds {n}, deeper than its {d}"));
+                        }
                     }
                 }
                 wr = w.next;
@@ -336,7 +617,13 @@ impl Nic for SimNic {
         Ok(fab(|f| {
             let mut n = 0;
             while n < out.len() {
-                let Some(w) = f.cqs[*cq].pop_front() else { break };
+                let Some((w, frees)) = f.cqs[*cq].wcs.pop_front() else { break };
+                if let Some((q, epoch, seq)) = frees {
+                    let qp = &mut f.qps[q];
+                    if qp.epoch == epoch {
+                        qp.freed = qp.freed.max(seq + 1);
+                    }
+                }
                 out[n] = w;
                 n += 1;
             }
@@ -345,32 +632,79 @@ impl Nic for SimNic {
     }
 
     #[inline(never)]
+    fn to_reset(qp: &usize, _port: &SimPort) -> nccl_net_rivet::error::Result<()> {
+        fab(|f| {
+            // RESET discards every work request without a completion.
+            let q = &mut f.qps[*qp];
+            q.sq.clear();
+            q.flights.clear();
+            q.rq.clear();
+            q.epoch += 1;
+            q.posted = 0;
+            q.freed = 0;
+            q.sq_psn = 0;
+            q.rq_psn = 0;
+            q.state = QpState::Reset;
+        });
+        Ok(())
+    }
+
+    #[inline(never)]
     fn to_err(qp: &usize, _port: &SimPort) -> nccl_net_rivet::error::Result<()> {
         fab(|f| {
-            let q = &mut f.qps[*qp];
-            q.err = true;
-            let (qpn, cq) = (q.qpn, q.cq);
-            let flushed: Vec<u64> = q.sq.drain(..).map(|w| w.wr_id).chain(q.rq.drain(..)).collect();
-            for id in flushed {
-                f.cqs[cq].push_back(wc(id, IBV_WC_WR_FLUSH_ERR, 0, qpn, 0, 0));
+            if f.qps[*qp].state != QpState::Gone {
+                f.fail_qp(*qp, IBV_WC_WR_FLUSH_ERR)
             }
         });
         Ok(())
     }
 
     #[inline(never)]
-    fn reset_to_rtr(_qp: &usize, _port: &SimPort, _l: &Link) -> nccl_net_rivet::error::Result<()> {
-        Err(nccl_net_rivet::error::Error::internal("the simulated NIC does not take queue pairs back"))
+    fn reset_to_rtr(qp: &usize, _port: &SimPort, l: &Link) -> nccl_net_rivet::error::Result<()> {
+        fab(|f| {
+            let port = f.qps[*qp].port;
+            let peer = f.qps[*qp].peer.map(|p| f.qps[p].qpn);
+            if peer != Some(l.remote.qpn) {
+                f.faults.push(format!("QP {qp} reconnected to QPN {:#x}; its peer is {peer:?}", l.remote.qpn));
+            }
+            if !f.ports[port].up {
+                return Err(sim_err(format!("modify QP {qp} to RTR: its port is down")));
+            }
+            let q = &mut f.qps[*qp];
+            // RESET discards every work request without a completion.
+            q.sq.clear();
+            q.flights.clear();
+            q.rq.clear();
+            q.epoch += 1;
+            q.posted = 0;
+            q.freed = 0;
+            q.sq_psn = 0;
+            q.rq_psn = 0;
+            q.state = QpState::Rtr;
+            Ok(())
+        })
     }
 
     #[inline(never)]
-    fn back_to_rts(_qp: &usize, _port: &SimPort, _l: &Link) -> nccl_net_rivet::error::Result<()> {
-        Err(nccl_net_rivet::error::Error::internal("the simulated NIC does not take queue pairs back"))
+    fn back_to_rts(qp: &usize, _port: &SimPort, _l: &Link) -> nccl_net_rivet::error::Result<()> {
+        fab(|f| {
+            let port = f.qps[*qp].port;
+            if !f.ports[port].up || f.qps[*qp].state != QpState::Rtr {
+                return Err(sim_err(format!("modify QP {qp} to RTS: in state {:?}, port up {}", f.qps[*qp].state, f.ports[port].up)));
+            }
+            f.qps[*qp].state = QpState::Rts;
+            f.recovered += 1;
+            Ok(())
+        })
     }
 
     #[inline(never)]
-    fn flush_qp(_port: &'static SimPort, cq: &usize) -> nccl_net_rivet::error::Result<usize> {
-        Ok(fab(|f| f.new_qp(*cq, 8, 0)))
+    fn flush_qp(port: &'static SimPort, cq: &usize) -> nccl_net_rivet::error::Result<usize> {
+        Ok(fab(|f| f.new_qp(*cq, port.idx, conn::FLUSH_QP_SQ as usize, 0)))
+    }
+
+    #[inline(never)]
+    fn now_ms() -> u64 {
+        fab(|f| f.now_ms)
     }
 }
-

@@ -23,7 +23,7 @@ use crate::sys::ib::*;
 use crate::sys::verbs::{wc_status_hint, wc_status_name};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod failover;
 mod liveness;
@@ -235,6 +235,9 @@ pub struct Common<N: Nic = Verbs> {
     causes: Vec<String>,
     /// Receiver: queue pairs the sender's notices named dead.
     pub(super) peer_dead: u32,
+    /// Each member's PORT_ERR count (`NicPort::downs`) when the comm began or last took a queue
+    /// pair of it back: a higher count now says the port went down since, even if it is up again.
+    downs_at: [u32; super::fuse::MAX_MEMBERS],
     /// Failover notices from the peer not yet acted on, in the order they came (the shells act
     /// on them in that order: a Recover and an account, or a Fail and a Recovered, mean
     /// different things the other way round).
@@ -322,7 +325,8 @@ impl<N: Nic> Common<N> {
         }
     }
 
-    pub fn new(ports: &'static [&'static N::Port], peer: SocketAddr, oob: OwnedFd, qpns: &[u32], set: Settings) -> Common<N> {
+    /// `links`: what setup learnt of each data queue pair's far end (recovery reconnects to it).
+    pub fn new(ports: &'static [&'static N::Port], peer: SocketAddr, oob: OwnedFd, qpns: &[u32], links: Vec<super::res::Link>, set: Settings) -> Common<N> {
         let mut q = [0u32; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS];
         let mut qm = [0u8; crate::proto::verbs::MAX_QPS + super::fuse::MAX_MEMBERS];
         let n = qpns.len().min(q.len());
@@ -343,8 +347,9 @@ impl<N: Nic> Common<N> {
             qdead: 0,
             causes: Vec::new(),
             peer_dead: 0,
+            downs_at: std::array::from_fn(|m| ports.get(m).map_or(0, |p| p.downs())),
             notices: std::collections::VecDeque::new(),
-            links: Vec::new(),
+            links,
             failed_at: [0; crate::proto::verbs::MAX_QPS],
             attempts: [0; crate::proto::verbs::MAX_QPS],
             drained: 0,
@@ -362,8 +367,8 @@ impl<N: Nic> Common<N> {
             oob,
             dead: None,
             eof_since: None,
-            last_check: crate::sys::clock::coarse_ms(),
-            peer_checked: crate::sys::clock::coarse_ms(),
+            last_check: N::now_ms(),
+            peer_checked: N::now_ms(),
             idle_calls: 0,
             // SAFETY: ibv_wc is plain C data; all-zero is a valid (empty) completion.
             wc: unsafe { std::mem::zeroed() },
@@ -496,13 +501,13 @@ impl<N: Nic> Common<N> {
             // waits for that verdict (at later calls, for at most CAUSE_WAIT).
             let op_err = self.failover && wc.status == IBV_WC_LOC_QP_OP_ERR;
             if let (true, Some(q)) = (op_err, at.filter(|&q| q < self.ndata)) {
-                if !self.member_down(m) {
-                    self.verdicts.push(Verdict { wc, m, q, until: crate::sys::clock::coarse_ms() + CAUSE_WAIT.as_millis() as u64 });
+                if !self.member_down(m) && !self.flapped(m) {
+                    self.verdicts.push(Verdict { wc, m, q, until: N::now_ms() + CAUSE_WAIT.as_millis() as u64 });
                     self.pending = true;
                     continue;
                 }
             }
-            let recoverable = matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_WR_FLUSH_ERR) || (op_err && self.member_down(m));
+            let recoverable = matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_WR_FLUSH_ERR) || (op_err && (self.member_down(m) || self.flapped(m)));
             if let (true, true, Some(q)) = (self.failover, recoverable, at) {
                 let e = self.wc_error(&wc, m);
                 if q < self.ndata {
@@ -519,7 +524,7 @@ impl<N: Nic> Common<N> {
             // later: the comm takes nothing new from now on, and its error waits for the cause
             // (at later calls, for at most CAUSE_WAIT) before it blames the peer.
             if matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR) && self.cause(&wc, m).is_none() {
-                self.dying = Some((wc, m, crate::sys::clock::coarse_ms() + CAUSE_WAIT.as_millis() as u64));
+                self.dying = Some((wc, m, N::now_ms() + CAUSE_WAIT.as_millis() as u64));
                 self.pending = true;
                 continue;
             }
@@ -663,7 +668,7 @@ pub(super) fn adaptive_routing<P: NicPort>(ports: &[&'static P]) -> bool {
 /// The identity registrations of a device with these members carry (`MrInfo::dev`): a
 /// physical device's, or a fused device's own (its members' list, made once per fused device),
 /// so that a registration of one fused device is refused on another sharing its first member.
-pub(super) fn members_id<P: NicPort>(ports: &[&'static P]) -> usize {
+pub fn members_id<P: NicPort>(ports: &[&'static P]) -> usize {
     match ports {
         [p] => p.dev_id(),
         _ => ports.as_ptr() as usize,

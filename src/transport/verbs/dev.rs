@@ -37,6 +37,8 @@ pub struct IbDevice {
     bad_qps: Mutex<Vec<(u32, &'static str)>>,
     /// Ports whose last event was PORT_ERR (bit per port number).
     ports_down: AtomicU32,
+    /// PORT_ERR events seen so far, of any port of the device (only grows).
+    port_errs: AtomicU32,
     /// The async event fd is non-blocking, so events can be polled (never waited for).
     watch_events: std::sync::atomic::AtomicBool,
     /// When the events were last drained from an idle path (coarse clock, ms): every comm of the
@@ -120,6 +122,7 @@ impl IbDevice {
                     // are initialised.
                     let port = unsafe { ev.element.port_num };
                     self.ports_down.fetch_or(1 << (port & 31), Ordering::Relaxed);
+                    self.port_errs.fetch_add(1, Ordering::Relaxed);
                     log::warn!("NET/rivet: {}:{port}: the port went down (PORT_ERR): its connections will fail", self.name)
                 }
                 IBV_EVENT_PORT_ACTIVE => {
@@ -155,6 +158,11 @@ impl IbDevice {
     }
 
     /// Whether the device said the port went down (and not up again).
+    /// PORT_ERR events of the device's ports seen so far.
+    pub fn port_errs(&self) -> u32 {
+        self.port_errs.load(Ordering::Relaxed)
+    }
+
     pub fn port_down(&self, port: u8) -> bool {
         self.ports_down.load(Ordering::Relaxed) & (1 << (port & 31)) != 0
     }
@@ -586,6 +594,7 @@ fn open_device(
         fatal_reason: Mutex::new(None),
         bad_qps: Mutex::new(Vec::new()),
         ports_down: AtomicU32::new(0),
+        port_errs: AtomicU32::new(0),
         watch_events: std::sync::atomic::AtomicBool::new(false),
         events_polled: std::sync::atomic::AtomicU64::new(0),
     });

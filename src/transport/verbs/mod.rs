@@ -554,8 +554,7 @@ impl Setup {
             ece::describe(&self.ece)
         );
         let qpns: Vec<u32> = qps.iter().map(|q| q.qp().qpn()).collect();
-        let mut c = Common::<nic::Verbs>::new(self.ports, self.peer, fd, &qpns, conn::Settings::from_config());
-        c.links = std::mem::take(&mut self.links);
+        let c = Common::<nic::Verbs>::new(self.ports, self.peer, fd, &qpns, std::mem::take(&mut self.links), conn::Settings::from_config());
         let fifo_keys = std::array::from_fn(|i| if i < rn { m.member(i).fifo_rkey } else { 0 });
         match self.local.take().unwrap() {
             Local::Send { cqs, mem, parts, .. } => {

@@ -27,6 +27,10 @@ pub trait NicPort: Sync + 'static {
     fn state(&self) -> Option<&'static str>;
     /// A fatal asynchronous event on one of `qpns` (its QPN and the event's name).
     fn qp_event(&self, qpns: impl Iterator<Item = u32> + Clone) -> Option<(u32, &'static str)>;
+    /// PORT_ERR events seen so far (of the port, or of any port of its device): a count that
+    /// only grows, so that a port that went down and up again between two looks is seen to
+    /// have.
+    fn downs(&self) -> u32;
     /// A fatal event of the whole device, as the comm's error.
     fn check_fatal(&self) -> Result<()>;
     /// Adaptive routing on the port's fabric (NCCL_IB_ADAPTIVE_ROUTING).
@@ -64,17 +68,23 @@ pub trait Nic: Sized + 'static {
     fn poll(cq: &Self::Cq, wc: &mut [ibv_wc]) -> Result<usize>;
     /// Move a failed queue pair to ERR (every work request on it completes, flushed).
     fn to_err(qp: &Self::Qp, port: &Self::Port) -> Result<()>;
-    /// `to_err` once, without the retries of a change that times out (a queue pair recovery
-    /// could not take back, from inside `test`).
-    fn to_err_now(qp: &Self::Qp, port: &Self::Port) -> Result<()> {
-        Self::to_err(qp, port)
-    }
+    /// Move a queue pair recovery reset but could not take back to RESET, once, without the
+    /// retries of a change that times out (from inside `test`): what is posted on it is
+    /// discarded without a completion.
+    fn to_reset(qp: &Self::Qp, port: &Self::Port) -> Result<()>;
     /// Take a failed queue pair back: RESET, INIT, RTR towards the same remote one.
     fn reset_to_rtr(qp: &Self::Qp, port: &Self::Port, l: &Link) -> Result<()>;
     /// Its second half: RTR to RTS.
     fn back_to_rts(qp: &Self::Qp, port: &Self::Port, l: &Link) -> Result<()>;
     /// A loopback queue pair for flush reads on `port`, its completions in `cq`.
     fn flush_qp(port: &'static Self::Port, cq: &Self::Cq) -> Result<Self::Qp>;
+    /// The time, in milliseconds from an arbitrary start, for every deadline of the data path
+    /// (liveness checks, a failure's verdict, drains, recovery's delays): the coarse monotonic
+    /// clock on hardware; a simulated NIC hands its own, so that a schedule replays exactly.
+    #[inline(always)]
+    fn now_ms() -> u64 {
+        crate::sys::clock::coarse_ms()
+    }
 }
 
 /// libibverbs.
@@ -107,6 +117,10 @@ impl NicPort for IbPort {
 
     fn qp_event(&self, qpns: impl Iterator<Item = u32> + Clone) -> Option<(u32, &'static str)> {
         self.dev.qp_event(qpns)
+    }
+
+    fn downs(&self) -> u32 {
+        self.dev.port_errs()
     }
 
     fn check_fatal(&self) -> Result<()> {
@@ -162,8 +176,8 @@ impl Nic for Verbs {
         qp.to_err(port)
     }
 
-    fn to_err_now(qp: &QpRts, port: &IbPort) -> Result<()> {
-        qp.to_err_now(port)
+    fn to_reset(qp: &QpRts, port: &IbPort) -> Result<()> {
+        qp.to_reset(port)
     }
 
     fn reset_to_rtr(qp: &QpRts, port: &IbPort, l: &Link) -> Result<()> {

@@ -384,10 +384,15 @@ impl QpRts {
         self.err_with(port, setup_retry())
     }
 
-    /// `to_err` once, without a retry: a queue pair that recovery could not take back goes back
-    /// to ERR from inside `test` (nothing was sent on it again; the next attempt resets it).
-    pub fn to_err_now(&self, port: &IbPort) -> Result<()> {
-        self.err_with(port, IN_CALL)
+    /// RESET, once, without a retry: a queue pair recovery reset and could not take back (the
+    /// peer's side stayed down), from inside `test`. RESET discards the receives posted on it
+    /// without a completion each (ERR would flush them into the CQ, every attempt); the next
+    /// attempt starts from RESET as from ERR.
+    pub fn to_reset(&self, port: &IbPort) -> Result<()> {
+        // SAFETY: ibv_qp_attr is plain C data (see `rtr`); only the state is read for this mask.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = IBV_QPS_RESET;
+        modify(&self.0, &mut a, IBV_QP_STATE, "RESET", port, IN_CALL)
     }
 
     fn err_with(&self, port: &IbPort, retry: Option<MqpRetry>) -> Result<()> {

@@ -24,16 +24,16 @@ pub(in crate::transport::verbs) fn once<S>(s: &mut S, busy: fn(&mut S) -> &mut b
 /// the CQ by then; the live ones' traffic does not count).
 pub(in crate::transport::verbs) struct Drain {
     mask: u32,
-    start: Instant,
-    quiet_since: Instant,
+    /// When it began, and when a completion of its queue pairs was last seen (`Nic::now_ms`).
+    start: u64,
+    quiet_since: u64,
     /// Failed completions of the queue pairs drained, when last looked at.
     seen: u64,
 }
 
 impl Drain {
-    pub(in crate::transport::verbs) fn new(mask: u32) -> Drain {
-        let now = Instant::now();
-        Drain { mask, start: now, quiet_since: now, seen: 0 }
+    pub(in crate::transport::verbs) fn new(mask: u32, now_ms: u64) -> Drain {
+        Drain { mask, start: now_ms, quiet_since: now_ms, seen: 0 }
     }
 
     /// The queue pairs drained.
@@ -48,13 +48,14 @@ impl Drain {
         if drained & self.mask == self.mask {
             return Ok(true);
         }
-        let now = Instant::now();
+        let now = N::now_ms();
         let seen: u64 = (0..c.ndata).filter(|&q| self.mask & (1 << q) != 0).map(|q| c.flushed[q] as u64).sum();
         if seen != self.seen {
             self.seen = seen;
             self.quiet_since = now;
         }
-        if now.duration_since(self.start) > MARKER_WAIT && now.duration_since(self.quiet_since) > QUIET {
+        let over = |since: u64, d: Duration| now.saturating_sub(since) > d.as_millis() as u64;
+        if over(self.start, MARKER_WAIT) && over(self.quiet_since, QUIET) {
             log::info!(
                 "NET/rivet: {}: queue pair(s) {:#x} in ERR: the provider did not flush the drain marker within {} ms; counted as drained after {} ms without a completion (failed completions per queue pair: {:?})",
                 c.where_(0),
@@ -65,7 +66,7 @@ impl Drain {
             );
             return Ok(true);
         }
-        if now.duration_since(self.start) > DRAIN_WAIT {
+        if over(self.start, DRAIN_WAIT) {
             return Err(c.drain_timeout(self.mask & !drained));
         }
         Ok(false)
@@ -81,7 +82,7 @@ impl<N: Nic> Common<N> {
         if !self.pending {
             return Ok(());
         }
-        let now = crate::sys::clock::coarse_ms();
+        let now = N::now_ms();
         if let Some((wc, m, until)) = self.dying {
             if now >= until || self.cause(&wc, m).is_some() {
                 self.dying = None;
@@ -98,7 +99,7 @@ impl<N: Nic> Common<N> {
                 self.verdicts.swap_remove(i);
                 continue;
             }
-            let down = self.member_down(m);
+            let down = self.member_down(m) || self.flapped(m);
             if !down && now < self.verdicts[i].until {
                 i += 1;
                 continue;
@@ -139,6 +140,14 @@ impl<N: Nic> Common<N> {
         let port = self.ports.get(m).copied().unwrap_or(self.port);
         port.poll_events();
         port.seen_down() || port.state().is_some_and(|s| s != "ACTIVE")
+    }
+
+    /// Whether member `m`'s port went down since the comm began or last took a queue pair of it
+    /// back, though it may be up again now (a flap shorter than the time between two looks): a
+    /// LOC_QP_OP_ERR from then is the port's, not a bug's.
+    pub(in crate::transport::verbs) fn flapped(&self, m: usize) -> bool {
+        let port = self.ports.get(m).copied().unwrap_or(self.port);
+        port.downs() != self.downs_at.get(m).copied().unwrap_or(0)
     }
 
     /// The data queue pairs on member `m` (bit q).
@@ -188,7 +197,7 @@ impl<N: Nic> Common<N> {
 
     /// Queue pairs `mask` are failed over (in ERR, drained): recovery may take them back later.
     pub(in crate::transport::verbs) fn failed_over(&mut self, mask: u32) {
-        let now = crate::sys::clock::coarse_ms();
+        let now = N::now_ms();
         self.qdead |= mask;
         self.failed &= !mask;
         for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
@@ -204,6 +213,11 @@ impl<N: Nic> Common<N> {
         self.drained &= !mask;
         for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
             self.flushed[q] = 0;
+            // Its port is up again: a later flap is a new one.
+            let m = self.qp_member[q] as usize;
+            if let (Some(p), Some(d)) = (self.ports.get(m), self.downs_at.get_mut(m)) {
+                *d = p.downs();
+            }
         }
     }
 
@@ -226,7 +240,7 @@ impl<N: Nic> Common<N> {
         if !cfg.recovery || self.qdead == 0 || self.dead.is_some() {
             return 0;
         }
-        let now = crate::sys::clock::coarse_ms();
+        let now = N::now_ms();
         (0..self.ndata)
             .filter(|&q| {
                 self.qdead & (1 << q) != 0

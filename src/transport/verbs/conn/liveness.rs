@@ -24,7 +24,7 @@ impl<N: Nic> Common<N> {
 
     #[inline(never)]
     pub(in crate::transport::verbs) fn idle_check(&mut self, outstanding: usize) -> Result<()> {
-        let now = crate::sys::clock::coarse_ms();
+        let now = N::now_ms();
         if now.saturating_sub(self.last_check) < LIVENESS_EVERY.as_millis() as u64 {
             return Ok(());
         }

@@ -13,7 +13,7 @@ impl<N: Nic> Common<N> {
 
     pub(in crate::transport::verbs) fn queue_notice(&mut self, b: &[u8]) {
         if self.outbox.is_empty() {
-            self.outbox_since = crate::sys::clock::coarse_ms();
+            self.outbox_since = N::now_ms();
         }
         self.outbox.extend_from_slice(b);
     }
@@ -27,7 +27,7 @@ impl<N: Nic> Common<N> {
                     self.outbox.drain(..k);
                 }
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {
-                    if crate::sys::clock::coarse_ms().saturating_sub(self.outbox_since) <= NOTICE_WAIT.as_millis() as u64 {
+                    if N::now_ms().saturating_sub(self.outbox_since) <= NOTICE_WAIT.as_millis() as u64 {
                         self.pending = true;
                         return Ok(());
                     }

@@ -23,10 +23,14 @@ impl<N: Nic> VerbsRecv<N> {
             self.fail_over()?;
         }
         if self.c.qdead != 0 && self.recovering == 0 && !self.c.failing() {
-            let now = crate::sys::clock::coarse_ms();
+            let now = N::now_ms();
             if now.saturating_sub(self.recovery_checked) >= 50 {
                 self.recovery_checked = now;
-                let m = self.c.recoverable_now();
+                // Only queue pairs whose sender side is in ERR (its Fail named them): a queue
+                // pair failed over here alone may still be live there until the sender reads
+                // the account, and one reset here would take its writes after the account
+                // (while the sender has sent nothing on it, the sequence numbers match).
+                let m = self.c.recoverable_now() & self.c.peer_dead;
                 if m != 0 {
                     self.ask_back(m)?;
                 }
@@ -43,7 +47,7 @@ impl<N: Nic> VerbsRecv<N> {
         let mut ok = 0u32;
         for q in (0..nq).filter(|&q| m & (1 << q) != 0) {
             self.c.attempts[q] += 1;
-            self.c.failed_at[q] = crate::sys::clock::coarse_ms();
+            self.c.failed_at[q] = N::now_ms();
             let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
             if let Err(e) = N::reset_to_rtr(&self.qps[q], port, &l) {
                 log::warn!("NET/rivet: {}: taking queue pair {q} back failed: {e}", self.c.where_(0));
@@ -75,10 +79,13 @@ impl<N: Nic> VerbsRecv<N> {
         self.recovering &= !(yes | no);
         let (nq, ln) = (self.qps.len(), self.c.ports.len());
         for q in (0..nq).filter(|&q| no & (1 << q) != 0) {
-            // Back to ERR (the sender never sent on it again: nothing to drain), tried later.
-            let _ = N::to_err_now(&self.qps[q], self.c.ports[member_of(q, ln)]);
+            // To RESET (the sender never sent on it again: nothing to drain; its receives are
+            // discarded, not flushed into the CQ at every attempt), tried again later. The
+            // sender's side stays in ERR: no need to wait for its word again.
+            let _ = N::to_reset(&self.qps[q], self.c.ports[member_of(q, ln)]);
         }
         self.c.failed_over(no);
+        self.c.peer_dead |= no;
         let mut ok = 0u32;
         for q in (0..nq).filter(|&q| yes & (1 << q) != 0) {
             let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
@@ -173,7 +180,7 @@ impl<N: Nic> VerbsRecv<N> {
                 return Err(self.c.post_failed_on(member_of(q, ln), N::qpn(&self.qps[q]), "posting the drain marker", rc));
             }
         }
-        self.draining = Some(Drain::new(new));
+        self.draining = Some(Drain::new(new, N::now_ms()));
         Ok(())
     }
 
@@ -219,7 +226,7 @@ impl<N: Nic> VerbsRecv<N> {
             }
         }
         self.rewrites.push_back(Rewrite::Credit);
-        self.rewrite_by = crate::sys::clock::coarse_ms() + DRAIN_WAIT.as_millis() as u64;
+        self.rewrite_by = N::now_ms() + DRAIN_WAIT.as_millis() as u64;
         log::info!(
             "NET/rivet: {}: failed over queue pair(s) {new:#x}: told the sender what arrived ({ring} eager slots, {nrecvs} receive(s) in flight); its clear-to-send entries and the credit are written again; logical queue pairs now on {:?}",
             self.c.where_(0),
@@ -254,7 +261,7 @@ impl<N: Nic> VerbsRecv<N> {
                 }
             }
             if !ready {
-                if crate::sys::clock::coarse_ms() > self.rewrite_by {
+                if N::now_ms() > self.rewrite_by {
                     return Err(self.c.drain_timeout(0));
                 }
                 return Ok(());

@@ -65,12 +65,15 @@ impl<N: Nic> VerbsRecv<N> {
     /// ring slot, and one per buffer of each incomplete receive with a CTS out. The receive
     /// queue can hold that many, or the new receive would not have been posted.
     pub(super) fn recvs_cover(&mut self, q: usize, more: usize) -> Result<bool> {
-        // After a failover a queue pair may carry several logical ones' writes (more than its
-        // queue holds, at worst: then it waits for all its receives, and an excess write is
-        // retried by the sender's NIC, not lost: rnr_retry 7).
+        // More than its queue holds: after a failover, where a queue pair carries several
+        // logical ones' writes; and for writes owed already (`more` 0), which a queue pair that
+        // carried several when they were admitted may have to take alone once recovery moved
+        // the others back. Then it waits for all its receives, and an excess write is retried
+        // by the sender's NIC, not lost (rnr_retry 7). A new receive (`more`) on a queue pair of
+        // its own is admitted only if its writes fit.
         let carried = self.map[..self.qps.len()].iter().filter(|&&p| p as usize == q).count().max(1);
         let need = RING_SLOTS + (self.eng.rdv_owed() + more) * carried;
-        let need = if carried > 1 { need.min(self.rq as usize) } else { need };
+        let need = if carried > 1 || more == 0 { need.min(self.rq as usize) } else { need };
         if (self.posted_recvs[q] as usize) < need && self.posted_recvs[q] < self.rq {
             self.repost(q)?;
         }

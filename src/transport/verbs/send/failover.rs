@@ -36,7 +36,12 @@ impl<N: Nic> VerbsSend<N> {
                 self.c.failed_over(mask);
                 match then {
                     AfterDrain::Tell => self.c.notify(&Notice::Fail { dead: mask })?,
-                    AfterDrain::Account(r) => self.apply_account(r)?,
+                    AfterDrain::Account(r) => {
+                        self.apply_account(r)?;
+                        // The receiver named them: tell it that this side is in ERR too, so
+                        // that recovery may reset them there (see `VerbsRecv::idle_failover`).
+                        self.c.notify(&Notice::Fail { dead: mask })?;
+                    }
                 }
                 continue;
             }
@@ -167,7 +172,7 @@ impl<N: Nic> VerbsSend<N> {
                 return Err(self.c.post_failed_on(member_of(q, ln), N::qpn(&self.qps[q]), "posting the drain marker", rc));
             }
         }
-        self.draining = Some((Drain::new(mask), then));
+        self.draining = Some((Drain::new(mask, N::now_ms()), then));
         Ok(())
     }
 
@@ -180,7 +185,7 @@ impl<N: Nic> VerbsSend<N> {
             self.resend_eager.clear();
         }
         self.resend_eager.extend(r.eager);
-        self.resend_by = crate::sys::clock::coarse_ms() + DRAIN_WAIT.as_millis() as u64;
+        self.resend_by = N::now_ms() + DRAIN_WAIT.as_millis() as u64;
         for req in r.rdv {
             let ready = self.ready[req as usize];
             if !self.deferred[..self.ndeferred].iter().any(|d| d.0 == req) {
@@ -199,7 +204,7 @@ impl<N: Nic> VerbsSend<N> {
             // failover's account asks for it again.)
             let q0 = self.map[0] as usize;
             if !self.gone(q0) && self.book.room(q0) < MAX_POST {
-                if crate::sys::clock::coarse_ms() > self.resend_by {
+                if N::now_ms() > self.resend_by {
                     return Err(self.c.drain_timeout(0));
                 }
                 return Ok(());
