@@ -123,6 +123,9 @@ pub struct Settings {
     pub flush_disable: bool,
     /// RIVET_STATS: counts reported at close.
     pub stats: bool,
+    /// Where the connection's sequence numbers and clear-to-send indices start: zero on the
+    /// wire; near their wrap in the simulator.
+    pub origin: crate::proto::send::Origin,
 }
 
 impl Settings {
@@ -138,6 +141,7 @@ impl Settings {
             ar_threshold: c.ib_ar_threshold,
             flush_disable: c.gdr_flush_disable,
             stats: c.stats,
+            origin: crate::proto::send::Origin::default(),
         }
     }
 }
@@ -270,6 +274,9 @@ pub struct Common<N: Nic = Verbs> {
     /// Any of the above: work for the next call (one flag for the idle path to look at).
     pending: bool,
     mismatch: Option<Mismatch>,
+    /// `die` is reading the peer's notices (for a mismatch it told of): a failure meanwhile is
+    /// not read for again.
+    reading_cause: bool,
     /// The end of the out-of-band socket (None) or its error (Some), once reading met it.
     oob_end: Option<Option<std::io::Error>>,
     pub peer: SocketAddr,
@@ -362,6 +369,7 @@ impl<N: Nic> Common<N> {
             failing: false,
             pending: false,
             mismatch: None,
+            reading_cause: false,
             oob_end: None,
             peer,
             oob,
@@ -394,10 +402,35 @@ impl<N: Nic> Common<N> {
     }
 
     pub(super) fn die(&mut self, e: Error) -> Error {
+        if self.dead.is_some() {
+            return e;
+        }
+        // A peer that told of a collective mismatch before it went: that is the cause, not what
+        // its going did here (a write that failed, a socket that broke).
+        let e = self.peer_mismatch().unwrap_or(e);
         if self.dead.is_none() {
             self.dead = Some(Error::new(e.kind, format!("connection is dead: {e}")));
         }
         e
+    }
+
+    /// The mismatch the peer told of, if it did (its notices read now, once).
+    #[cold]
+    fn peer_mismatch(&mut self) -> Option<Error> {
+        if self.mismatch.is_none() && !self.reading_cause {
+            self.reading_cause = true;
+            let _ = self.read_inbox();
+            self.reading_cause = false;
+        }
+        self.mismatch.map(|m| self.mismatch_error(m))
+    }
+
+    /// The comm's error for the mismatch the peer told of.
+    pub(super) fn mismatch_error(&self, m: Mismatch) -> Error {
+        Error::usage(format!(
+            "collective mismatch with the peer {}: a send of {} bytes with tag {} into a receive of {} bytes; every rank must run the same collectives with the same sizes",
+            self.peer, m.send_size, m.tag, m.recv_size
+        ))
     }
 
     /// A failed post on QP `qpn`: the comm is dead, with the reason.

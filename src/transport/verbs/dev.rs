@@ -157,12 +157,12 @@ impl IbDevice {
         (unsafe { v.query_port(self.ctx, port, &mut pa) } == 0).then(|| port_state_name(pa.state))
     }
 
-    /// Whether the device said the port went down (and not up again).
     /// PORT_ERR events of the device's ports seen so far.
     pub fn port_errs(&self) -> u32 {
         self.port_errs.load(Ordering::Relaxed)
     }
 
+    /// Whether the device said the port went down (and not up again).
     pub fn port_down(&self, port: u8) -> bool {
         self.ports_down.load(Ordering::Relaxed) & (1 << (port & 31)) != 0
     }

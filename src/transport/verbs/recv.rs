@@ -7,7 +7,6 @@ use super::nic::{Nic, Verbs};
 use super::res::{Part, QpRts};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
-use crate::proto::send::Origin;
 use crate::proto::verbs::{cts_stride, fifo_bytes, remap_keeping, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
 use super::fuse::{member_of, MAX_MEMBERS};
 
@@ -129,7 +128,7 @@ impl<N: Nic> VerbsRecv<N> {
         rem_members: usize,
         nparts: usize,
     ) -> VerbsRecv<N> {
-        let mut eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, Origin::default());
+        let mut eng = RecvEngine::new(qps.len(), super::conn::RING_SLOTS, eager_max, c.set.origin);
         eng.set_parts(nparts);
         let depths = c.set.depths;
         VerbsRecv {

@@ -5,7 +5,7 @@ use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, D
 use super::nic::{Nic, NicPort, Verbs};
 use super::res::Part;
 use crate::error::Result;
-use crate::proto::send::{Close, Origin, RdvStep, Resend, RingSpec, SendEngine, SendPlan, SEND_REQS};
+use crate::proto::send::{Close, RdvStep, Resend, RingSpec, SendEngine, SendPlan, SEND_REQS};
 use crate::proto::verbs::{cts_stride, fifo_bytes, remap_keeping, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_DATA, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
 use super::fuse::{member_of, MAX_MEMBERS};
 use crate::sys::ib::*;
@@ -127,7 +127,7 @@ impl<N: Nic> VerbsSend<N> {
         rem_members: usize,
         nparts: usize,
     ) -> VerbsSend<N> {
-        let mut eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, Origin::default());
+        let mut eng = SendEngine::new(qps.len(), RingSpec { slots: ring.slots, eager_max: ring.eager_max }, c.set.origin);
         eng.set_adaptive_routing(c.adaptive_routing().then_some(c.set.ar_threshold));
         eng.set_parts(nparts);
         let keyed = if rem_members > 1 { FIFO_DEPTH * MAX_GROUP } else { 0 };

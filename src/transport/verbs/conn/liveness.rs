@@ -55,10 +55,7 @@ impl<N: Nic> Common<N> {
         self.peer_checked = now;
         self.read_inbox()?;
         if let Some(m) = self.mismatch {
-            let e = Error::usage(format!(
-                "collective mismatch with the peer {}: a send of {} bytes with tag {} into a receive of {} bytes; every rank must run the same collectives with the same sizes",
-                self.peer, m.send_size, m.tag, m.recv_size
-            ));
+            let e = self.mismatch_error(m);
             return Err(self.die(e));
         }
         match self.peer_state() {

@@ -62,8 +62,8 @@ impl<N: Nic> VerbsRecv<N> {
 
     /// Whether QP `q`'s posted receives cover every write with an immediate that may still
     /// arrive on it, and `more` writes more (topping them up first if they do not): one per
-    /// ring slot, and one per buffer of each incomplete receive with a CTS out. The receive
-    /// queue can hold that many, or the new receive would not have been posted.
+    /// ring slot, and one per buffer of each incomplete receive with a CTS out (at most all the
+    /// receive queue holds: see below).
     pub(super) fn recvs_cover(&mut self, q: usize, more: usize) -> Result<bool> {
         // More than its queue holds: after a failover, where a queue pair carries several
         // logical ones' writes; and for writes owed already (`more` 0), which a queue pair that
