@@ -175,7 +175,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "NCCL_IB_MQP_RETRY_CNT",
         default: "34",
-        meaning: "Retries (0-1000) of a failing ibv_modify_qp before the connection fails (net_ib's meaning). Also when a failover moves a failed queue pair to ERR; not when recovery takes one back (`NCCL_IB_RESILIENCY_PORT_RECOVERY=1`): that happens inside NCCL's `test` calls, which must not sleep, so a failed take-back waits for recovery's next attempt instead.",
+        meaning: "Retries (0-1000) of a failing ibv_modify_qp before the connection fails (net_ib's meaning), with NCCL_IB_MQP_RETRY_SLEEP_MSEC's waits at connection setup. A failover's move of a failed queue pair to ERR is retried as often and as much later, but at NCCL's later calls, never sleeping inside one (the proxy thread serves its other connections meanwhile); not when recovery takes one back (`NCCL_IB_RESILIENCY_PORT_RECOVERY=1`): that happens inside NCCL's `test` calls, which must not sleep, so a failed take-back waits for recovery's next attempt instead.",
     },
     Var {
         name: "NCCL_IB_MQP_RETRY_SLEEP_MSEC",

@@ -28,7 +28,7 @@ use nccl_net_rivet::proto::verbs::{cts_stride, fifo_bytes, FIFO_DEPTH, MAX_GROUP
 use nccl_net_rivet::sys::ib::*;
 use nccl_net_rivet::transport::verbs::conn::{self, members_id, Common, Depths, Settings};
 use nccl_net_rivet::transport::verbs::recv::{self as vrecv, VerbsRecv};
-use nccl_net_rivet::transport::verbs::res::{Link, Part, PathParams, RemoteQp};
+use nccl_net_rivet::transport::verbs::res::{Link, MqpRetry, Part, PathParams, RemoteQp};
 use nccl_net_rivet::transport::verbs::send::{self as vsend, Ring, VerbsSend};
 use nccl_net_rivet::transport::{Conn, Lent, MrInfo, Path, RecvBuf, MAX_RECVS};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -168,6 +168,8 @@ struct Plan {
     /// the buffers' sends.
     groups: Vec<Group>,
     fault: Fault,
+    /// Moves to ERR the device refuses (ETIMEDOUT, a busy firmware) before it takes one.
+    err_busy: u32,
     /// What may happen besides everything delivered: the comm failing with an error that names
     /// one of these; `must_fail`: once a work request met the fault, it must.
     expect: Option<&'static [&'static str]>,
@@ -285,7 +287,9 @@ fn plan(seed: u64) -> Plan {
         }
         _ => Fault::None,
     };
-    Plan { seed, ls, lr, nqps, nparts, depths, ar, failover, recovery, recovery_delay_ms, origin, partial, groups, fault, expect, must_fail }
+    // Drawn last, so that the schedules drawn before it was are the same.
+    let err_busy = if r.chance(30) { 1 + r.below(4) as u32 } else { 0 };
+    Plan { seed, ls, lr, nqps, nparts, depths, ar, failover, recovery, recovery_delay_ms, origin, partial, groups, fault, expect, must_fail, err_busy }
 }
 
 impl Plan {
@@ -310,7 +314,7 @@ impl Plan {
             self.groups.len(),
             self.fault,
             if self.recovery { format!(", recovery after {} ms", self.recovery_delay_ms) } else { String::new() },
-        )
+        ) + &if self.err_busy > 0 { format!(", {} move(s) to ERR refused first", self.err_busy) } else { String::new() }
     }
 
     /// The same schedule with only the first `n` receives.
@@ -396,6 +400,8 @@ fn pair(p: &Plan) -> Pair {
         flush_disable: true,
         stats: false,
         origin: p.origin,
+        // net_ib's defaults.
+        mqp_retry: MqpRetry { all: false, count: 34, sleep_ms: 100 },
     };
     let on = |m: usize, members: usize| (0..p.nqps).filter(|&q| q % members == m).count() as u32;
     let scqs: Vec<usize> = (0..p.ls).map(|m| fab(|f| f.new_cq(depths.send_cq(on(m, p.ls)) as usize))).collect();
@@ -505,6 +511,8 @@ struct Ran {
     recovered: usize,
     errored: bool,
     heap: isize,
+    /// Moves to ERR the device refused (a failover that waited for it at later calls).
+    refused: u32,
 }
 
 /// A side's error: acceptable only where the plan expects one (and it names what it must).
@@ -534,7 +542,7 @@ fn on_error(p: &Plan, what: &str, e: &str, first: &mut Option<String>) -> Result
 
 /// One schedule. Returns what ran, or what went wrong.
 fn schedule(p: &Plan) -> Result<Ran, String> {
-    FAB.with(|f| *f.borrow_mut() = Fabric { rng: Rng(p.seed ^ 0x0f1c_e5ee_d000), ..Default::default() });
+    FAB.with(|f| *f.borrow_mut() = Fabric { rng: Rng(p.seed ^ 0x0f1c_e5ee_d000), err_busy: p.err_busy, ..Default::default() });
     NET.with(|n| n.set(0));
     PEAK.with(|n| n.set(0));
     let mut rng = Rng(p.seed ^ 0x5eed);
@@ -845,7 +853,7 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
             return Err(format!("everything delivered after a work request met the fault, though the comm should have failed naming one of {names:?}"));
         }
     }
-    let ran = fab(|f| Ran { steps, failed: f.failed, recovered: f.recovered, errored: first_error.is_some(), heap: PEAK.with(|x| x.get()) });
+    let ran = fab(|f| Ran { steps, failed: f.failed, recovered: f.recovered, errored: first_error.is_some(), heap: PEAK.with(|x| x.get()), refused: f.err_refused });
     drop(pr);
     Ok(ran)
 }
@@ -861,9 +869,13 @@ fn shrink(p: &Plan) -> Option<(usize, String)> {
 /// A schedule of chosen receives (each buffer's send size and room, tags by position, sent in
 /// order) on one queue pair without a fault, its interleavings drawn from `seed`.
 fn chosen(receives: Vec<Vec<(usize, usize)>>, origin: Origin, seed: u64) -> Result<Ran, String> {
+    schedule(&chosen_plan(receives, origin, seed))
+}
+
+fn chosen_plan(receives: Vec<Vec<(usize, usize)>>, origin: Origin, seed: u64) -> Plan {
     let groups: Vec<Group> = receives.into_iter().map(|bufs| (bufs.iter().enumerate().map(|(b, &(s, room))| (b as i32, s, room)).collect(), (0..bufs.len()).collect())).collect();
     let n: usize = groups.iter().map(|g| g.0.len()).sum();
-    let p = Plan {
+    Plan {
         seed,
         ls: 1,
         lr: 1,
@@ -880,8 +892,31 @@ fn chosen(receives: Vec<Vec<(usize, usize)>>, origin: Origin, seed: u64) -> Resu
         fault: Fault::None,
         expect: None,
         must_fail: false,
+        err_busy: 0,
+    }
+}
+
+/// A failover whose move to ERR the device refuses past NCCL_IB_MQP_RETRY_CNT (34, 100 ms × n
+/// apart: about 60 s of the schedule's clock): the comm fails, saying so, and the sends and
+/// receives waiting meanwhile were answered at every call, never held inside one.
+#[test]
+fn a_move_to_err_refused_past_its_retries_fails_the_comm() {
+    let receives: Vec<Vec<(usize, usize)>> = (0..40).map(|i| vec![(if i % 3 == 0 { 20_000 + i } else { 100 + i }, 30_000)]).collect();
+    let p = Plan {
+        nqps: 2,
+        fault: Fault::Links(vec![(1, 40)]),
+        expect: Some(&["NCCL_IB_MQP_RETRY_CNT"]),
+        must_fail: true,
+        err_busy: 1000,
+        ..chosen_plan(receives, Origin::default(), 7)
     };
-    schedule(&p)
+    match schedule(&p) {
+        Ok(r) if r.errored => {}
+        Ok(_) => panic!("{}: everything delivered though no queue pair could be moved to ERR", p.describe()),
+        Err(e) => panic!("{}: {e}", p.describe()),
+    }
+    let refused = fab(|f| f.err_refused);
+    assert_eq!(refused, 35, "the move is tried once and retried NCCL_IB_MQP_RETRY_CNT times");
 }
 
 /// 300 receives with buffers above the eager limit that all get eager sends (their
@@ -959,7 +994,7 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
         None => (0..n).map(|i| 0x5eed_0000 + i).collect(),
     };
     let mut failed = Vec::new();
-    let (mut ran, mut failed_over, mut recovered, mut errored, mut heap) = (0u64, 0u64, 0u64, 0u64, 0isize);
+    let (mut ran, mut failed_over, mut recovered, mut errored, mut heap, mut waited) = (0u64, 0u64, 0u64, 0u64, 0isize, 0u64);
     let mut kinds = [0u64; 6];
     for &seed in &seeds {
         let p = plan(seed);
@@ -978,6 +1013,7 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
                     println!("{}: {} steps, {} work request(s) met a failure, {} queue pair(s) back to RTS, {}heap {} bytes", p.describe(), r.steps, r.failed, r.recovered, if r.errored { "failed as expected, " } else { "" }, r.heap);
                 }
                 failed_over += (r.failed > 0 && !r.errored) as u64;
+                waited += (r.refused > 0 && !r.errored) as u64;
                 recovered += (r.recovered > 0) as u64;
                 errored += r.errored as u64;
                 heap = heap.max(r.heap);
@@ -995,7 +1031,7 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
         }
     }
     println!(
-        "shell_sim: {ran} schedules (faults: {} none, {} links, {} ports, {} fatal statuses, {} sides gone, {} mismatches); {failed_over} delivered everything through a failover, {recovered} took queue pairs back, {errored} failed as they had to; the shells' calls held at most {heap} bytes",
+        "shell_sim: {ran} schedules (faults: {} none, {} links, {} ports, {} fatal statuses, {} sides gone, {} mismatches); {failed_over} delivered everything through a failover, {recovered} took queue pairs back, {errored} failed as they had to, {waited} delivered everything though the device refused moves to ERR for a while; the shells' calls held at most {heap} bytes",
         kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], kinds[5]
     );
     assert!(failed.is_empty(), "{} of {ran} schedule(s) failed:\n{}", failed.len(), failed.join("\n"));
@@ -1004,5 +1040,6 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
         assert!(failed_over * 6 >= n, "only {failed_over} of {n} schedules delivered through a failover: the failover path is not exercised");
         assert!(recovered * 30 >= n, "only {recovered} of {n} schedules took a queue pair back: recovery is not exercised");
         assert!(errored * 10 >= n, "only {errored} of {n} schedules failed as they had to: the error paths are not exercised");
+        assert!(waited * 20 >= n, "only {waited} of {n} schedules delivered through refused moves to ERR: the deferred move is not exercised");
     }
 }

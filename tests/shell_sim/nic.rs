@@ -144,6 +144,9 @@ pub(crate) struct Fabric {
     pub(crate) recovered: usize,
     pub(crate) rng: Rng,
     pub(crate) now_ms: u64,
+    /// Moves to ERR the device refuses (ETIMEDOUT) before it takes one, and those refused.
+    pub(crate) err_busy: u32,
+    pub(crate) err_refused: u32,
 }
 
 impl Default for Fabric {
@@ -161,6 +164,8 @@ impl Default for Fabric {
             recovered: 0,
             rng: Rng(1),
             now_ms: 0,
+            err_busy: 0,
+            err_refused: 0,
         }
     }
 }
@@ -650,13 +655,19 @@ impl Nic for SimNic {
     }
 
     #[inline(never)]
-    fn to_err(qp: &usize, _port: &SimPort) -> nccl_net_rivet::error::Result<()> {
+    fn to_err(qp: &usize, _port: &SimPort) -> std::result::Result<(), (i32, nccl_net_rivet::error::Error)> {
         fab(|f| {
+            if f.err_busy > 0 {
+                // A busy firmware: the change times out, and the queue pair is as it was.
+                f.err_busy -= 1;
+                f.err_refused += 1;
+                return Err((libc::ETIMEDOUT, sim_err(format!("moving QP {qp} to ERR failed: Connection timed out"))));
+            }
             if f.qps[*qp].state != QpState::Gone {
                 f.fail_qp(*qp, IBV_WC_WR_FLUSH_ERR)
             }
-        });
-        Ok(())
+            Ok(())
+        })
     }
 
     #[inline(never)]

@@ -126,6 +126,9 @@ pub struct Settings {
     /// Where the connection's sequence numbers and clear-to-send indices start: zero on the
     /// wire; near their wrap in the simulator.
     pub origin: crate::proto::send::Origin,
+    /// NCCL_IB_MQP_RETRY_*: how often, and how much later each time, a failover tries again to
+    /// move a queue pair to ERR that the device refused (at later calls, never with a sleep).
+    pub mqp_retry: super::res::MqpRetry,
 }
 
 impl Settings {
@@ -142,6 +145,7 @@ impl Settings {
             flush_disable: c.gdr_flush_disable,
             stats: c.stats,
             origin: crate::proto::send::Origin::default(),
+            mqp_retry: c.ib_mqp_retry,
         }
     }
 }
@@ -274,6 +278,11 @@ pub struct Common<N: Nic = Verbs> {
     /// Any of the above: work for the next call (one flag for the idle path to look at).
     pending: bool,
     mismatch: Option<Mismatch>,
+    /// A failover's moves to ERR the device refused for now (bit q), each one's tries so far and
+    /// when the next is due (`move_to_err`).
+    pub(super) err_moves: u32,
+    err_tries: [u32; crate::proto::verbs::MAX_QPS],
+    err_due: [u64; crate::proto::verbs::MAX_QPS],
     /// `die` is reading the peer's notices (for a mismatch it told of): a failure meanwhile is
     /// not read for again.
     reading_cause: bool,
@@ -370,6 +379,9 @@ impl<N: Nic> Common<N> {
             pending: false,
             mismatch: None,
             reading_cause: false,
+            err_moves: 0,
+            err_tries: [0; crate::proto::verbs::MAX_QPS],
+            err_due: [0; crate::proto::verbs::MAX_QPS],
             oob_end: None,
             peer,
             oob,

@@ -66,8 +66,10 @@ pub trait Nic: Sized + 'static {
     unsafe fn post_recv(qp: &Self::Qp, wr: *mut ibv_recv_wr) -> i32;
     /// Poll up to `wc.len()` completions.
     fn poll(cq: &Self::Cq, wc: &mut [ibv_wc]) -> Result<usize>;
-    /// Move a failed queue pair to ERR (every work request on it completes, flushed).
-    fn to_err(qp: &Self::Qp, port: &Self::Port) -> Result<()>;
+    /// Move a failed queue pair to ERR, once, without waiting (every work request on it, and any
+    /// posted after, completes flushed). Refused: the errno (ETIMEDOUT while the device is busy,
+    /// which NCCL_IB_MQP_RETRY_* try again at later calls) and the error.
+    fn to_err(qp: &Self::Qp, port: &Self::Port) -> std::result::Result<(), (i32, crate::error::Error)>;
     /// Move a queue pair recovery reset but could not take back to RESET, once, without the
     /// retries of a change that times out (from inside `test`): what is posted on it is
     /// discarded without a completion.
@@ -172,7 +174,7 @@ impl Nic for Verbs {
         cq.poll(wc)
     }
 
-    fn to_err(qp: &QpRts, port: &IbPort) -> Result<()> {
+    fn to_err(qp: &QpRts, port: &IbPort) -> std::result::Result<(), (i32, crate::error::Error)> {
         qp.to_err(port)
     }
 

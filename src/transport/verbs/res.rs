@@ -375,13 +375,11 @@ impl QpRts {
         to_rts(&self.0, port, &l.params, IN_CALL)
     }
 
-    /// Move a failed queue pair to ERR: nothing more arrives through it, and every work request
-    /// on it (and any posted after) completes, flushed.
-    pub fn to_err(&self, port: &IbPort) -> Result<()> {
-        // Still net_ib's retries, sleeps included, though a failover reaches it from a data-path
-        // call: a failover cannot go on without the queue pair in ERR (it would keep sending),
-        // and a comm killed for a busy firmware's ETIMEDOUT loses the job a wait would save.
-        self.err_with(port, setup_retry())
+    /// Move a failed queue pair to ERR, once (nothing more arrives through it, and every work
+    /// request on it, and any posted after, completes flushed): refused, the errno and the
+    /// error. A failover tries again at later calls (`Common::move_to_err`), never sleeping.
+    pub fn to_err(&self, port: &IbPort) -> std::result::Result<(), (c_int, Error)> {
+        modify::to_err_once(&self.0, port)
     }
 
     /// RESET, once, without a retry: a queue pair recovery reset and could not take back (the
@@ -395,12 +393,6 @@ impl QpRts {
         modify(&self.0, &mut a, IBV_QP_STATE, "RESET", port, IN_CALL)
     }
 
-    fn err_with(&self, port: &IbPort, retry: Option<MqpRetry>) -> Result<()> {
-        // SAFETY: ibv_qp_attr is plain C data (see `rtr`); only the state is read for this mask.
-        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = IBV_QPS_ERR;
-        modify(&self.0, &mut a, IBV_QP_STATE, "ERR", port, retry)
-    }
 }
 
 /// A registered memory region owned outside the cache (FIFOs, scratch).

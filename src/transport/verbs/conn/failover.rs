@@ -49,6 +49,12 @@ impl Drain {
             return Ok(true);
         }
         let now = N::now_ms();
+        if c.err_moves & self.mask != 0 {
+            // Not all in ERR yet (the device is busy): the drain's waits count from the last.
+            self.start = now;
+            self.quiet_since = now;
+            return Ok(false);
+        }
         let seen: u64 = (0..c.ndata).filter(|&q| self.mask & (1 << q) != 0).map(|q| c.flushed[q] as u64).sum();
         if seen != self.seen {
             self.seen = seen;
@@ -74,6 +80,52 @@ impl Drain {
 }
 
 impl<N: Nic> Common<N> {
+    /// Move data queue pair `q` (`qp`) to ERR for a failover: Ok(true) once it is; Ok(false)
+    /// while the device refuses with ETIMEDOUT (or anything, with NCCL_IB_MQP_RETRY_ALL) and
+    /// NCCL_IB_MQP_RETRY_CNT allows another try, NCCL_IB_MQP_RETRY_SLEEP_MSEC × n later, at a
+    /// later call (`err_moves_due`: net_ib sleeps that long inside the call; a failover cannot go
+    /// on with the queue pair still sending, and a comm killed for a busy firmware loses the job
+    /// a wait saves); the comm's error once the retries are spent.
+    pub(in crate::transport::verbs) fn move_to_err(&mut self, q: usize, qp: &N::Qp) -> Result<bool> {
+        let port = self.ports.get(self.qp_member[q] as usize).copied().unwrap_or(self.port);
+        let (rc, e) = match N::to_err(qp, port) {
+            Ok(()) => {
+                self.err_moves &= !(1 << q);
+                self.err_tries[q] = 0;
+                return Ok(true);
+            }
+            Err(refused) => refused,
+        };
+        let r = self.set.mqp_retry;
+        let tries = self.err_tries[q];
+        if tries < r.count && (r.all || rc == libc::ETIMEDOUT) {
+            self.err_tries[q] = tries + 1;
+            self.err_due[q] = N::now_ms() + r.sleep_ms.saturating_mul(tries as u64 + 1);
+            self.err_moves |= 1 << q;
+            if tries == 0 {
+                log::info!(
+                    "NET/rivet: {}: moving queue pair {q} to ERR for a failover was refused ({e}); tried again at later calls, up to NCCL_IB_MQP_RETRY_CNT={} times, NCCL_IB_MQP_RETRY_SLEEP_MSEC={} ms later each time",
+                    self.where_(0),
+                    r.count,
+                    r.sleep_ms
+                );
+            }
+            return Ok(false);
+        }
+        self.err_moves &= !(1 << q);
+        let e = if tries > 0 { Error::system(format!("{e} (after {tries} retries: NCCL_IB_MQP_RETRY_CNT)")) } else { e };
+        Err(self.die(e))
+    }
+
+    /// The moves to ERR whose next try is due (bit q).
+    pub(in crate::transport::verbs) fn err_moves_due(&self) -> u32 {
+        if self.err_moves == 0 {
+            return 0;
+        }
+        let now = N::now_ms();
+        (0..self.ndata).filter(|&q| self.err_moves & (1 << q) != 0 && self.err_due[q] <= now).fold(0, |m, q| m | 1 << q)
+    }
+
     /// The work a failure left for later calls (see `pending`): the notices the out-of-band
     /// socket did not take yet, the completions waiting for their port's verdict, the error
     /// waiting for its cause. Never waits; an error once the comm is dead.

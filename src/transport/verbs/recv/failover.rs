@@ -131,6 +131,11 @@ impl<N: Nic> VerbsRecv<N> {
         // What failed so far, then each of the sender's notices in the order it sent them (a
         // Fail and a Recovered mean different things the other way round).
         loop {
+            // Moves to ERR the device refused before, due again now.
+            let due = self.c.err_moves_due();
+            for q in (0..self.qps.len()).filter(|&q| due & (1 << q) != 0) {
+                self.stop_and_mark(q)?;
+            }
             if let Some(wait) = &mut self.draining {
                 if !wait.done(&mut self.c)? {
                     break;
@@ -166,21 +171,27 @@ impl<N: Nic> VerbsRecv<N> {
     /// Move queue pairs `new` (found failed here or named by the sender) to ERR and post their
     /// drain markers: once each one's has completed (a later call sees it), `drained` follows.
     pub(super) fn drain(&mut self, new: u32) -> Result<()> {
-        let ln = self.c.ports.len();
         for q in (0..self.qps.len()).filter(|&q| new & (1 << q) != 0) {
-            let port = self.c.ports[member_of(q, ln)];
-            if let Err(e) = N::to_err(&self.qps[q], port) {
-                return Err(self.c.die(e));
-            }
-            let mut wr = ibv_recv_wr { wr_id: (KIND_DRAIN << KIND_SHIFT) | q as u64, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
-            // SAFETY: a valid receive work request without a scatter list, on a live queue pair
-            // (in ERR: it completes flushed, after every receive posted before it).
-            let rc = unsafe { N::post_recv(&self.qps[q], &mut wr) };
-            if rc != 0 {
-                return Err(self.c.post_failed_on(member_of(q, ln), N::qpn(&self.qps[q]), "posting the drain marker", rc));
-            }
+            self.stop_and_mark(q)?;
         }
         self.draining = Some(Drain::new(new, N::now_ms()));
+        Ok(())
+    }
+
+    /// Move queue pair `q` to ERR and post its drain marker, or leave the move for a later call
+    /// (`Common::move_to_err`: the device refused it for now).
+    fn stop_and_mark(&mut self, q: usize) -> Result<()> {
+        if !self.c.move_to_err(q, &self.qps[q])? {
+            return Ok(());
+        }
+        let mut wr = ibv_recv_wr { wr_id: (KIND_DRAIN << KIND_SHIFT) | q as u64, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
+        // SAFETY: a valid receive work request without a scatter list, on a live queue pair (in
+        // ERR: it completes flushed, after every receive posted before it).
+        let rc = unsafe { N::post_recv(&self.qps[q], &mut wr) };
+        if rc != 0 {
+            let m = member_of(q, self.c.ports.len());
+            return Err(self.c.post_failed_on(m, N::qpn(&self.qps[q]), "posting the drain marker", rc));
+        }
         Ok(())
     }
 

@@ -1,6 +1,7 @@
 //! A queue pair's state changes (`ibv_modify_qp`): INIT, RTR and RTS with their attributes, and
-//! NCCL_IB_MQP_RETRY_*'s retries of a change that times out: at setup and for a failover's move
-//! to ERR, never for recovery's changes inside a data-path call.
+//! NCCL_IB_MQP_RETRY_*'s retries of a change that times out: with their sleeps at setup; a
+//! failover's move to ERR is tried once per call (`to_err_once`) and its retries are deadlines
+//! later calls keep (`Common::move_to_err`); recovery's changes are not retried inside a call.
 
 use super::*;
 
@@ -92,6 +93,23 @@ pub(super) fn modify(qp: &Qp, attr: &mut ibv_qp_attr, mask: u32, what: &str, por
         log::info!("NET/rivet: {}:{}: QP {} reached {what} after {retries} retries", port.dev.name, port.port, qp.qpn());
     }
     Ok(())
+}
+
+/// Move `qp` to ERR once, without a retry or a sleep: refused, the errno (ETIMEDOUT: the device
+/// is busy) and the error.
+pub(super) fn to_err_once(qp: &Qp, port: &IbPort) -> std::result::Result<(), (c_int, Error)> {
+    // SAFETY: ibv_qp_attr is plain C data (see `to_init`); only the state is read for this mask.
+    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = IBV_QPS_ERR;
+    // SAFETY: as in `modify`: ibv_modify_qp with the C signature, a live queue pair, an exclusive
+    // initialised attr of which it reads only the state; a refusal leaves the queue pair as it
+    // was.
+    let rc = unsafe { (v().modify_qp)(qp.raw, &mut a, IBV_QP_STATE as c_int) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = Error::system(format!("{}:{}: moving QP {} to ERR failed: {}", port.dev.name, port.port, qp.qpn(), std::io::Error::from_raw_os_error(rc)));
+    Err((rc, e))
 }
 
 /// RESET → INIT on `port` with `access`.

@@ -27,6 +27,11 @@ impl<N: Nic> VerbsSend<N> {
     pub(super) fn fail_over_now(&mut self) -> Result<()> {
         self.c.resolve()?;
         loop {
+            // Moves to ERR the device refused before, due again now.
+            let due = self.c.err_moves_due();
+            for q in (0..self.qps.len()).filter(|&q| due & (1 << q) != 0) {
+                self.stop_and_mark(q)?;
+            }
             if let Some((wait, _)) = &mut self.draining {
                 if !wait.done(&mut self.c)? {
                     break;
@@ -160,19 +165,25 @@ impl<N: Nic> VerbsSend<N> {
     /// completed (a later call sees it: `fail_over_now`), every completion of theirs is polled,
     /// and `then` follows.
     pub(super) fn drain(&mut self, mask: u32, then: AfterDrain) -> Result<()> {
-        let ln = self.c.ports.len();
         for q in (0..self.qps.len()).filter(|&q| mask & (1 << q) != 0) {
-            let port = self.c.ports[member_of(q, ln)];
-            if let Err(e) = N::to_err(&self.qps[q], port) {
-                return Err(self.c.die(e));
-            }
-            self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, (KIND_DRAIN << KIND_SHIFT) | q as u64, 0, 0, 0);
-            self.wrs[0].send_flags = IBV_SEND_SIGNALED;
-            if let Err(rc) = post_chain::<N>(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
-                return Err(self.c.post_failed_on(member_of(q, ln), N::qpn(&self.qps[q]), "posting the drain marker", rc));
-            }
+            self.stop_and_mark(q)?;
         }
         self.draining = Some((Drain::new(mask, N::now_ms()), then));
+        Ok(())
+    }
+
+    /// Move queue pair `q` to ERR and post its drain marker, or leave the move for a later call
+    /// (`Common::move_to_err`: the device refused it for now).
+    fn stop_and_mark(&mut self, q: usize) -> Result<()> {
+        if !self.c.move_to_err(q, &self.qps[q])? {
+            return Ok(());
+        }
+        self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, (KIND_DRAIN << KIND_SHIFT) | q as u64, 0, 0, 0);
+        self.wrs[0].send_flags = IBV_SEND_SIGNALED;
+        if let Err(rc) = post_chain::<N>(&self.qps[q], &mut self.wrs, &mut self.sges, 1) {
+            let m = member_of(q, self.c.ports.len());
+            return Err(self.c.post_failed_on(m, N::qpn(&self.qps[q]), "posting the drain marker", rc));
+        }
         Ok(())
     }
 
