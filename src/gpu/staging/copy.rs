@@ -29,9 +29,9 @@ pub trait Copier: Send {
     fn fence(&mut self, id: usize) -> Result<()>;
     /// Whether every copy before fence `id` has completed.
     fn reached(&mut self, id: usize) -> Result<bool>;
-    /// Wait, bounded, for every copy issued (before bounce buffers are freed); false when some
-    /// are still running.
-    fn drain(&mut self) -> bool;
+    /// Whether every copy issued has completed (before bounce buffers are freed), without
+    /// waiting: a close whose copies still run leaves its buffers for later (`remains`).
+    fn idle(&mut self) -> bool;
     /// Free bounce memory (CUDA: inside the GPU's context).
     fn free(&mut self, mem: HostMem) {
         drop(mem);
@@ -89,6 +89,21 @@ impl CudaCopier {
     }
 }
 
+impl CudaCopier {
+    /// Wait, bounded by `limit`, for every copy on the stream: false if some still run. Only for
+    /// a receive comm's eager copies at close, whose source (the comm's ring) goes with it.
+    pub fn drain(&mut self, limit: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        while !self.idle() {
+            if start.elapsed() > limit {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        true
+    }
+}
+
 impl Copier for CudaCopier {
     fn gpu(&self) -> Option<i32> {
         Some(self.ordinal)
@@ -115,9 +130,9 @@ impl Copier for CudaCopier {
         let s = &self.stream;
         self.ctx.with(|| s.reached(id))
     }
-    fn drain(&mut self) -> bool {
+    fn idle(&mut self) -> bool {
         let s = &self.stream;
-        self.ctx.with(|| Ok(s.drain(std::time::Duration::from_secs(2)))).unwrap_or(false)
+        self.ctx.with(|| Ok(s.idle())).unwrap_or(false)
     }
     fn free(&mut self, mem: HostMem) {
         let _ = self.ctx.with(|| {
@@ -204,7 +219,7 @@ impl Copier for HostCopier {
         b.1 = true;
         Ok(false)
     }
-    fn drain(&mut self) -> bool {
+    fn idle(&mut self) -> bool {
         // Copies not yet run are dropped, as a cancelled asynchronous copy would be: at close the
         // buffers they name may already be gone.
         self.pending.clear();

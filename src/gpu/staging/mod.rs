@@ -16,6 +16,7 @@
 //! copy is still running) and counts bytes by path for `RIVET_STATS`.
 
 mod copy;
+mod remains;
 
 pub use copy::{Copier, CudaCopier, HostCopier, HostMem, NoRegistration, Registrar};
 use copy::{Bounce, Pool};
@@ -139,6 +140,7 @@ unsafe impl Send for Staged {}
 
 impl Staged {
     pub fn new(inner: Box<dyn Conn>, send: bool, label: String, registrar: Box<dyn Registrar>) -> Staged {
+        remains::reap();
         let icap = inner.capacity();
         Staged {
             inner: ManuallyDrop::new(inner),
@@ -582,10 +584,10 @@ fn human(b: u64) -> String {
 
 impl Drop for Staged {
     fn drop(&mut self) {
-        // The network stops first, then copies drain, then bounce buffers go.
+        // The network stops first, then, once the copies are done, bounce buffers go.
         // SAFETY: dropped once, here; `inner` is not used after this line.
         unsafe { ManuallyDrop::drop(&mut self.inner) };
-        let drained = self.copier.as_deref_mut().map_or(true, |c| c.drain());
+        let drained = self.copier.as_deref_mut().map_or(true, |c| c.idle());
         for m in 0..self.slots.len() as u32 {
             if !matches!(self.slots[m as usize], Managed::Free) {
                 if let Managed::RecvPosted { staged, .. } | Managed::RecvCopying { staged, .. } =
@@ -598,16 +600,19 @@ impl Drop for Staged {
                 self.release_slot(m);
             }
         }
-        match (drained, self.copier.as_deref_mut()) {
-            (true, Some(c)) => self.pool.clear(&*self.registrar, c),
-            (true, None) => {}
-            (false, _) => {
-                // Copies may still write into the bounce buffers: keep them (and their
-                // registrations) rather than free memory that is in use.
-                log::warn!("NET/rivet: staging copies still running 2 s after close; their bounce buffers are leaked");
-                std::mem::forget(std::mem::take(&mut self.pool));
+        match (drained, self.copier.take()) {
+            (true, Some(mut c)) => self.pool.clear(&*self.registrar, &mut *c),
+            (false, Some(c)) => {
+                // Copies may still write into the bounce buffers: they stay (with their
+                // registrations and the copier) until a later close or new comm finds the copies
+                // done; the close does not wait.
+                log::info!("NET/rivet: {}: staging copies still running at close: their bounce buffers are freed once they finish", self.label);
+                let registrar = std::mem::replace(&mut self.registrar, Box::new(NoRegistration));
+                remains::leave(c, registrar, std::mem::take(&mut self.pool));
             }
+            (_, None) => {}
         }
+        remains::reap();
         if self.stats_on {
             let s = &self.stats.by_path;
             let total: u64 = s.iter().map(|c| c.bytes).sum();

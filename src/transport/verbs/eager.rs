@@ -101,7 +101,7 @@ impl Drop for EagerCopies {
     fn drop(&mut self) {
         // The ring the copies read goes after this: wait (bounded) for copies still running.
         if let Some(c) = &mut self.gpu {
-            if !self.order.is_empty() && !c.drain() {
+            if !self.order.is_empty() && !c.drain(std::time::Duration::from_secs(2)) {
                 log::warn!("NET/rivet: closing a receive comm while a copy into GPU memory still runs after 2 s");
             }
         }
