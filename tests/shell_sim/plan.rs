@@ -1,0 +1,241 @@
+//! A schedule's plan: the connection (members, queue pairs, parts, queues, adaptive routing,
+//! where the counters start), the messages in grouped receives, the fault and what must come of
+//! it, all drawn from one seed.
+
+use super::*;
+pub(crate) const EAGER_MAX: usize = 8192;
+/// Steps of the schedule per millisecond of the simulated NIC's clock.
+pub(crate) const STEPS_PER_MS: u64 = 20;
+/// After a side's error, the other side's calls must fail within this many steps (the
+/// liveness check's clock is the schedule's: 20 s of it).
+pub(crate) const AFTER_ERROR_STEPS: u64 = 400_000;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Side {
+    Send,
+    Recv,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Fault {
+    None,
+    /// The links of these queue pairs die at these steps (both ends).
+    Links(Vec<(usize, u64)>),
+    /// A member's port goes down at `at`, shows it (state DOWN, PORT_ERR) at `shown`, and comes
+    /// back at `back`.
+    Port { side: Side, member: usize, at: u64, shown: u64, back: Option<u64>, loc_op_err: bool },
+    /// The next work request of queue pair `q` of a side after step `at` fails with `status`.
+    Fatal { side: Side, q: usize, at: u64, status: u32 },
+    /// A side goes away at step `at` (its process exited: its queue pairs and socket gone).
+    Gone { side: Side, at: u64 },
+    /// The application's mistake: one message (in send order) larger than its buffer, or with
+    /// a tag no buffer of its receive has. Both sides must fail naming it.
+    Mismatch { msg: usize, what: &'static str },
+}
+
+/// A grouped receive: (tag, send size, room) per buffer, and the order of the buffers' sends.
+pub(crate) type Group = (Vec<(i32, usize, usize)>, Vec<usize>);
+
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub(crate) seed: u64,
+    /// Members of the sender's device and of the receiver's.
+    pub(crate) ls: usize,
+    pub(crate) lr: usize,
+    pub(crate) nqps: usize,
+    pub(crate) nparts: usize,
+    pub(crate) depths: Depths,
+    pub(crate) ar: bool,
+    pub(crate) failover: bool,
+    pub(crate) recovery: bool,
+    pub(crate) recovery_delay_ms: u64,
+    /// Where sequence numbers and clear-to-send indices start (near their wraps in some).
+    pub(crate) origin: Origin,
+    /// Messages (in send order) sent by parts, as a staged GPU buffer is: the bytes ready when
+    /// posted, the rest made ready later (`set_ready`).
+    pub(crate) partial: Vec<Option<usize>>,
+    /// Receives, each of 1 to 4 buffers: (tag, send size, room) per buffer, and the order of
+    /// the buffers' sends.
+    pub(crate) groups: Vec<Group>,
+    pub(crate) fault: Fault,
+    /// Moves to ERR the device refuses (ETIMEDOUT, a busy firmware) before it takes one.
+    pub(crate) err_busy: u32,
+    /// What may happen besides everything delivered: the comm failing with an error that names
+    /// one of these; `must_fail`: once a work request met the fault, it must.
+    pub(crate) expect: Option<&'static [&'static str]>,
+    pub(crate) must_fail: bool,
+}
+
+pub(crate) fn size(r: &mut Rng) -> usize {
+    match r.below(10) {
+        0 => 0,
+        1..=4 => 1 + r.below(64),
+        5..=6 => 1 + r.below(EAGER_MAX + 64),
+        7..=8 => EAGER_MAX + 1 + r.below(256 << 10),
+        _ => (1 << 20) + r.below(3 << 20),
+    }
+}
+
+pub(crate) const STATUSES: [(u32, &str); 4] =
+    [(IBV_WC_REM_ACCESS_ERR, "REM_ACCESS_ERR"), (IBV_WC_REM_OP_ERR, "REM_OP_ERR"), (IBV_WC_LOC_PROT_ERR, "LOC_PROT_ERR"), (IBV_WC_REM_INV_REQ_ERR, "REM_INV_REQ_ERR")];
+
+pub(crate) fn plan(seed: u64) -> Plan {
+    let mut r = Rng(seed);
+    let kind = r.below(10);
+    // A port fault mostly on a fused device (a member to fail over to, to take back later).
+    let (ls, lr) = if (5..=6).contains(&kind) && r.chance(80) { r.pick(&[(2, 1), (1, 2), (2, 2)]) } else { r.pick(&[(1, 1), (1, 1), (1, 1), (2, 1), (1, 2), (2, 2)]) };
+    let big = ls.max(lr);
+    let nqps = r.pick(&[1, 2, 4, 4]).max(big);
+    let nparts = if r.chance(50) { 1 } else { nqps };
+    let depths = if r.below(3) == 0 { Depths::MIN } else { Depths::DEFAULT };
+    let ar = r.chance(33);
+    // Traffic that goes on long enough after a port's return for recovery to take it back.
+    let msgs = if (5..=6).contains(&kind) { 50 + r.below(30) } else { 20 + r.below(60) };
+    let mut groups = Vec::new();
+    let mut n = 0;
+    while n < msgs {
+        let k = if r.chance(70) { 1 } else { 2 + r.below(3) };
+        let bufs: Vec<(i32, usize, usize)> = (0..k)
+            .map(|b| {
+                let s = size(&mut r);
+                ((groups.len() % 3 * 8 + b) as i32, s, s + r.below(64))
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..k).collect();
+        for i in (1..k).rev() {
+            order.swap(i, r.below(i + 1));
+        }
+        groups.push((bufs, order));
+        n += k;
+    }
+    let (any_seq, any_cts) = (r.next() as u32, r.below(1 << 20) as u64);
+    let origin = if r.chance(50) {
+        Origin::default()
+    } else {
+        Origin { seq: r.pick(&[0u32, u32::MAX - 3, u32::MAX - 40, any_seq]), cts: r.pick(&[0u64, (u32::MAX - 2) as u64, (u32::MAX as u64) * 3 - 1, any_cts]) }
+    };
+    let nmsgs: usize = groups.iter().map(|g: &Group| g.0.len()).sum();
+    let partial: Vec<Option<usize>> = (0..nmsgs).map(|_| r.chance(15).then(|| r.below(1 << 20))).collect();
+    let horizon = (msgs * 10) as u64;
+    let mut failover = true;
+    let (mut recovery, mut recovery_delay_ms) = (false, 0);
+    let mut expect: Option<&'static [&'static str]> = None;
+    let mut must_fail = false;
+    let fault = match kind {
+        2..=4 => {
+            // One link, sometimes a second later (with 4 queue pairs and the default queues:
+            // the minimal ones cannot hold a send's parts once three logical queue pairs share
+            // one); with one queue pair, or failover off, nothing to fail over to.
+            failover = !r.chance(10);
+            let mut dies = vec![(r.below(nqps), 1 + r.below(horizon as usize) as u64)];
+            if nqps == 4 && depths == Depths::DEFAULT && r.chance(50) {
+                let q = (dies[0].0 + 1 + r.below(3)) % 4;
+                dies.push((q, dies[0].1 + 1 + r.below(horizon as usize / 2) as u64));
+            }
+            if nqps == 1 || !failover {
+                expect = Some(&["RETRY_EXC_ERR"]);
+                must_fail = true;
+            }
+            Fault::Links(dies)
+        }
+        5..=6 => {
+            // A member's port: of a side with two members where there is one.
+            let side = match (ls, lr) {
+                (2, 1) => Side::Send,
+                (1, 2) => Side::Recv,
+                _ => r.pick(&[Side::Send, Side::Recv]),
+            };
+            let members = if side == Side::Send { ls } else { lr };
+            // Early enough, and back soon enough, that traffic goes on after it (recovery's
+            // checks are 50 ms apart, its delay up to 20 ms: 1,000 and 400 steps).
+            let at = 1 + r.below(horizon as usize / 5) as u64;
+            let shown = at + if r.chance(50) { 0 } else { r.below(20 * STEPS_PER_MS as usize) as u64 };
+            let back = r.chance(75).then(|| shown + STEPS_PER_MS * (5 + r.below(40) as u64));
+            recovery = r.chance(80);
+            recovery_delay_ms = r.below(20) as u64;
+            if members == 1 {
+                // Every queue pair of the comm on it: those that carry traffic while it is down
+                // fail, and with all of them the comm (those idle until it is back live on).
+                expect = Some(&["RETRY_EXC_ERR", "LOC_QP_OP_ERR", "is down"]);
+            }
+            Fault::Port { side, member: r.below(members), at, shown, back, loc_op_err: r.chance(50) }
+        }
+        7 => {
+            let (status, name) = r.pick(&STATUSES);
+            expect = Some(match name {
+                "REM_ACCESS_ERR" => &["REM_ACCESS_ERR"],
+                "REM_OP_ERR" => &["REM_OP_ERR"],
+                "LOC_PROT_ERR" => &["LOC_PROT_ERR"],
+                _ => &["REM_INV_REQ_ERR"],
+            });
+            Fault::Fatal { side: r.pick(&[Side::Send, Side::Recv]), q: r.below(nqps), at: 1 + r.below(horizon as usize) as u64, status }
+        }
+        8 => Fault::Gone { side: r.pick(&[Side::Send, Side::Recv]), at: 1 + r.below(horizon as usize) as u64 },
+        9 if r.chance(50) => {
+            expect = Some(&["collective mismatch"]);
+            Fault::Mismatch { msg: r.below(nmsgs), what: r.pick(&["size", "tag"]) }
+        }
+        _ => Fault::None,
+    };
+    // Drawn last, so that the schedules drawn before it was are the same.
+    let err_busy = if r.chance(30) { 1 + r.below(4) as u32 } else { 0 };
+    Plan { seed, ls, lr, nqps, nparts, depths, ar, failover, recovery, recovery_delay_ms, origin, partial, groups, fault, expect, must_fail, err_busy }
+}
+
+impl Plan {
+    pub(crate) fn msgs(&self) -> usize {
+        self.groups.iter().map(|g| g.0.len()).sum()
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "seed {:#x}: {}x{} member(s), {} QP(s), {} part(s), {} queues{}{}{}, {} messages ({} by parts) in {} receives, fault {:?}{}",
+            self.seed,
+            self.ls,
+            self.lr,
+            self.nqps,
+            self.nparts,
+            if self.depths == Depths::MIN { "minimal" } else { "default" },
+            if self.ar { ", adaptive routing" } else { "" },
+            if self.failover { "" } else { ", failover off" },
+            if self.origin == Origin::default() { String::new() } else { format!(", counters from {:?}", self.origin) },
+            self.msgs(),
+            self.partial.iter().take(self.msgs()).filter(|p| p.is_some()).count(),
+            self.groups.len(),
+            self.fault,
+            if self.recovery { format!(", recovery after {} ms", self.recovery_delay_ms) } else { String::new() },
+        ) + &if self.err_busy > 0 { format!(", {} move(s) to ERR refused first", self.err_busy) } else { String::new() }
+    }
+
+    /// The same schedule with only the first `n` receives.
+    pub(crate) fn first(&self, n: usize) -> Plan {
+        Plan { groups: self.groups[..n].to_vec(), ..self.clone() }
+    }
+}
+
+
+/// The plan of chosen receives (each buffer's send size and room, tags by position, sent in
+/// order) on one queue pair without a fault, its interleavings drawn from `seed`.
+pub(crate) fn chosen_plan(receives: Vec<Vec<(usize, usize)>>, origin: Origin, seed: u64) -> Plan {
+    let groups: Vec<Group> = receives.into_iter().map(|bufs| (bufs.iter().enumerate().map(|(b, &(s, room))| (b as i32, s, room)).collect(), (0..bufs.len()).collect())).collect();
+    let n: usize = groups.iter().map(|g| g.0.len()).sum();
+    Plan {
+        seed,
+        ls: 1,
+        lr: 1,
+        nqps: 1,
+        nparts: 1,
+        depths: Depths::DEFAULT,
+        ar: false,
+        failover: true,
+        recovery: false,
+        recovery_delay_ms: 0,
+        origin,
+        partial: vec![None; n],
+        groups,
+        fault: Fault::None,
+        expect: None,
+        must_fail: false,
+        err_busy: 0,
+    }
+}
