@@ -426,25 +426,6 @@ impl<N: Nic> Common<N> {
         e
     }
 
-    /// The mismatch the peer told of, if it did (its notices read now, once).
-    #[cold]
-    fn peer_mismatch(&mut self) -> Option<Error> {
-        if self.mismatch.is_none() && !self.reading_cause {
-            self.reading_cause = true;
-            let _ = self.read_inbox();
-            self.reading_cause = false;
-        }
-        self.mismatch.map(|m| self.mismatch_error(m))
-    }
-
-    /// The comm's error for the mismatch the peer told of.
-    pub(super) fn mismatch_error(&self, m: Mismatch) -> Error {
-        Error::usage(format!(
-            "collective mismatch with the peer {}: a send of {} bytes with tag {} into a receive of {} bytes; every rank must run the same collectives with the same sizes",
-            self.peer, m.send_size, m.tag, m.recv_size
-        ))
-    }
-
     /// A failed post on QP `qpn`: the comm is dead, with the reason.
     pub(super) fn post_failed(&mut self, qpn: u32, what: &str, rc: i32) -> Error {
         self.post_failed_on(self.member_of_qpn(qpn), qpn, what, rc)
@@ -615,21 +596,6 @@ impl<N: Nic> Common<N> {
             Error::remote(format!("{}: {}", self.where_(0), Explain(&e, &self.peer)))
         };
         self.die(err)
-    }
-
-    /// What the device says caused a failed completion on member `m`, if anything yet.
-    fn cause(&self, wc: &ibv_wc, m: usize) -> Option<String> {
-        let port = self.ports.get(m).copied().unwrap_or(self.port);
-        port.poll_events();
-        if let Some((_, ev)) = port.qp_event(std::iter::once(wc.qp_num)) {
-            Some(format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev)))
-        } else if port.seen_down() {
-            Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", port.dev_name(), port.num()))
-        } else {
-            // The event may not have been delivered yet: ask the port itself.
-            let state = port.state().filter(|s| *s != "ACTIVE")?;
-            Some(format!("; cause: the port {}:{} is {state}: check the link and the switch", port.dev_name(), port.num()))
-        }
     }
 
     /// A failed work completion as an error that says what and why.

@@ -187,6 +187,21 @@ impl<N: Nic> Common<N> {
         self.pending && (self.failing || self.dying.is_some() || !self.verdicts.is_empty())
     }
 
+    /// What the device says caused a failed completion on member `m`, if anything yet.
+    pub(in crate::transport::verbs) fn cause(&self, wc: &ibv_wc, m: usize) -> Option<String> {
+        let port = self.ports.get(m).copied().unwrap_or(self.port);
+        port.poll_events();
+        if let Some((_, ev)) = port.qp_event(std::iter::once(wc.qp_num)) {
+            Some(format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev)))
+        } else if port.seen_down() {
+            Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", port.dev_name(), port.num()))
+        } else {
+            // The event may not have been delivered yet: ask the port itself.
+            let state = port.state().filter(|s| *s != "ACTIVE")?;
+            Some(format!("; cause: the port {}:{} is {state}: check the link and the switch", port.dev_name(), port.num()))
+        }
+    }
+
     /// Whether member `m`'s port is seen down (its PORT_ERR event, or its state).
     pub(in crate::transport::verbs) fn member_down(&self, m: usize) -> bool {
         let port = self.ports.get(m).copied().unwrap_or(self.port);

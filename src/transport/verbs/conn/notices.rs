@@ -108,6 +108,25 @@ impl<N: Nic> Common<N> {
         }
     }
 
+    /// The mismatch the peer told of, if it did (its notices read now, once).
+    #[cold]
+    pub(in crate::transport::verbs) fn peer_mismatch(&mut self) -> Option<Error> {
+        if self.mismatch.is_none() && !self.reading_cause {
+            self.reading_cause = true;
+            let _ = self.read_inbox();
+            self.reading_cause = false;
+        }
+        self.mismatch.map(|m| self.mismatch_error(m))
+    }
+
+    /// The comm's error for the mismatch the peer told of.
+    pub(in crate::transport::verbs) fn mismatch_error(&self, m: Mismatch) -> Error {
+        Error::usage(format!(
+            "collective mismatch with the peer {}: a send of {} bytes with tag {} into a receive of {} bytes; every rank must run the same collectives with the same sizes",
+            self.peer, m.send_size, m.tag, m.recv_size
+        ))
+    }
+
     /// Tell the peer why this side fails (best effort: after any notice still waiting).
     pub(in crate::transport::verbs) fn notify_mismatch(&mut self, m: Mismatch) {
         self.queue_notice(&m.encode());
