@@ -167,10 +167,7 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
         fab(|f| {
             for q in qs {
                 let qp = &mut f.qps[q];
-                qp.sq.clear();
-                qp.flights.clear();
-                qp.rq.clear();
-                qp.state = QpState::Gone;
+                qp.reset(QpState::Gone);
                 // Its memory goes with it: what its peer has on the wire towards it lands
                 // nowhere.
                 if let Some(p) = qp.peer {

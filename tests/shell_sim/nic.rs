@@ -103,6 +103,22 @@ pub(crate) struct Qp {
     pub(crate) rq_psn: u64,
 }
 
+impl Qp {
+    /// RESET and on to `state`: every work request discarded without a completion, the counts
+    /// and sequence numbers from zero, a new epoch (a completion of the old one frees nothing).
+    pub(crate) fn reset(&mut self, state: QpState) {
+        self.sq.clear();
+        self.flights.clear();
+        self.rq.clear();
+        self.epoch += 1;
+        self.posted = 0;
+        self.freed = 0;
+        self.sq_psn = 0;
+        self.rq_psn = 0;
+        self.state = state;
+    }
+}
+
 pub(crate) struct Port {
     /// The link is up (the wire); `shown_down`: the port's state says DOWN and a PORT_ERR came.
     pub(crate) up: bool,

@@ -158,19 +158,7 @@ impl Nic for SimNic {
 
     #[inline(never)]
     fn to_reset(qp: &usize, _port: &SimPort) -> nccl_net_rivet::error::Result<()> {
-        fab(|f| {
-            // RESET discards every work request without a completion.
-            let q = &mut f.qps[*qp];
-            q.sq.clear();
-            q.flights.clear();
-            q.rq.clear();
-            q.epoch += 1;
-            q.posted = 0;
-            q.freed = 0;
-            q.sq_psn = 0;
-            q.rq_psn = 0;
-            q.state = QpState::Reset;
-        });
+        fab(|f| f.qps[*qp].reset(QpState::Reset));
         Ok(())
     }
 
@@ -201,17 +189,7 @@ impl Nic for SimNic {
             if !f.ports[port].up {
                 return Err(sim_err(format!("modify QP {qp} to RTR: its port is down")));
             }
-            let q = &mut f.qps[*qp];
-            // RESET discards every work request without a completion.
-            q.sq.clear();
-            q.flights.clear();
-            q.rq.clear();
-            q.epoch += 1;
-            q.posted = 0;
-            q.freed = 0;
-            q.sq_psn = 0;
-            q.rq_psn = 0;
-            q.state = QpState::Rtr;
+            f.qps[*qp].reset(QpState::Rtr);
             Ok(())
         })
     }

@@ -30,7 +30,9 @@ pub trait Copier: Send {
     /// Whether every copy before fence `id` has completed.
     fn reached(&mut self, id: usize) -> Result<bool>;
     /// Whether every copy issued has completed (before bounce buffers are freed), without
-    /// waiting: a close whose copies still run leaves its buffers for later (`remains`).
+    /// waiting: a close whose copies still run leaves its buffers for later (`remains`). Asked
+    /// only at and after a close, so a copier may drop copies it has not started (the host
+    /// copier does).
     fn idle(&mut self) -> bool;
     /// Free bounce memory (CUDA: inside the GPU's context).
     fn free(&mut self, mem: HostMem) {
@@ -87,9 +89,7 @@ impl CudaCopier {
         let stream = ctx.with(|| cuda::Stream::new(FENCES))?;
         Ok(CudaCopier { stream: ManuallyDrop::new(stream), ctx: ManuallyDrop::new(ctx), ordinal, bus_id })
     }
-}
 
-impl CudaCopier {
     /// Wait, bounded by `limit`, for every copy on the stream: false if some still run. Only for
     /// a receive comm's eager copies at close, whose source (the comm's ring) goes with it.
     pub fn drain(&mut self, limit: std::time::Duration) -> bool {
