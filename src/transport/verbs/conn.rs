@@ -17,6 +17,7 @@
 use super::nic::{Nic, NicPort, Verbs};
 use crate::error::{Error, Kind, Result};
 use crate::transport::oob::pulse::{self as oob, PeerState};
+use crate::proto::qps::{QpStates, Recovery};
 use crate::proto::verbs::{Mismatch, Notice, EAGER_HDR, MAX_NOTICE};
 use crate::proto::{Explain, ProtoError};
 use crate::sys::ib::*;
@@ -30,7 +31,8 @@ mod liveness;
 mod notices;
 
 pub(super) use super::post::{mr_for, post_chain, rdma_wr, SqBook};
-pub(super) use failover::{once, Drain};
+pub(super) use crate::proto::qps::Drain;
+pub(super) use failover::once;
 use liveness::event_hint;
 pub use crate::proto::recv::{FLUSH_REQS, RECV_REQS};
 pub use crate::proto::send::{RTS_HDRS, SEND_REQS};
@@ -70,12 +72,9 @@ pub(super) const KIND_FLUSH: u64 = 4;
 /// index is in the low byte.
 pub(super) const KIND_DRAIN: u64 = 5;
 /// How long a failover waits for its drain markers (and for room for what it writes again).
-pub(super) const DRAIN_WAIT: Duration = Duration::from_secs(5);
+pub(super) const DRAIN_WAIT: Duration = Duration::from_millis(crate::proto::qps::DRAIN_WAIT_MS);
 /// How long notices may wait for the out-of-band socket to take them.
 const NOTICE_WAIT: Duration = Duration::from_secs(2);
-/// How long a drain marker is waited for before quiet stands in for it, and how much quiet.
-const MARKER_WAIT: Duration = Duration::from_millis(500);
-const QUIET: Duration = Duration::from_millis(100);
 
 /// Queue depths (CQs are sized from them: every work request that can be outstanding). Providers
 /// round a queue up to a power of two slots with one kept empty, so each is 2^k - 1. Every post
@@ -235,14 +234,11 @@ pub struct Common<N: Nic = Verbs> {
     pub(super) failover: bool,
     /// What the connection runs with.
     pub(super) set: Settings,
-    /// Data queue pairs found failed and not yet failed over (bit q), and those failed over
-    /// (in ERR, drained).
-    pub(super) failed: u32,
-    pub(super) qdead: u32,
+    /// The data queue pairs as failover and recovery see them: found failed, failed over, named
+    /// dead by the peer, drained; refused moves to ERR; recovery's schedule.
+    pub(super) qs: QpStates,
     /// Why queue pairs failed, for the comm's error if none is left.
     causes: Vec<String>,
-    /// Receiver: queue pairs the sender's notices named dead.
-    pub(super) peer_dead: u32,
     /// Each member's PORT_ERR count (`NicPort::downs`) when the comm began or last took a queue
     /// pair of it back: a higher count now says the port went down since, even if it is up again.
     downs_at: [u32; super::fuse::MAX_MEMBERS],
@@ -252,14 +248,6 @@ pub struct Common<N: Nic = Verbs> {
     pub(super) notices: std::collections::VecDeque<Notice>,
     /// How each data queue pair was connected (to take a failed one back).
     pub(super) links: Vec<super::res::Link>,
-    /// Recovery (NCCL_IB_RESILIENCY_PORT_RECOVERY): when each data queue pair was failed over
-    /// (coarse ms) and how often taking it back was tried.
-    pub(super) failed_at: [u64; crate::proto::verbs::MAX_QPS],
-    pub(super) attempts: [u32; crate::proto::verbs::MAX_QPS],
-    /// Data queue pairs whose drain marker has completed (recorded by `poll`).
-    pub(super) drained: u32,
-    /// Failed completions seen per data queue pair (reported when it is drained).
-    pub(super) flushed: [u32; crate::proto::verbs::MAX_QPS],
     /// Bytes of the out-of-band socket not yet a whole notice, and a mismatch it brought.
     inbox: Vec<u8>,
     /// Notices not yet taken by the out-of-band socket (written on at each call, in order), and
@@ -278,11 +266,6 @@ pub struct Common<N: Nic = Verbs> {
     /// Any of the above: work for the next call (one flag for the idle path to look at).
     pending: bool,
     mismatch: Option<Mismatch>,
-    /// A failover's moves to ERR the device refused for now (bit q), each one's tries so far and
-    /// when the next is due (`move_to_err`).
-    pub(super) err_moves: u32,
-    err_tries: [u32; crate::proto::verbs::MAX_QPS],
-    err_due: [u64; crate::proto::verbs::MAX_QPS],
     /// `die` is reading the peer's notices (for a mismatch it told of): a failure meanwhile is
     /// not read for again.
     reading_cause: bool,
@@ -358,18 +341,12 @@ impl<N: Nic> Common<N> {
             nqpns: n,
             ndata: n,
             failover: set.failover && n > 1,
+            qs: QpStates::new(n, set.mqp_retry.into(), Recovery { on: set.recovery, delay_ms: set.recovery_delay_ms, attempts: set.recovery_attempts }),
             set,
-            failed: 0,
-            qdead: 0,
             causes: Vec::new(),
-            peer_dead: 0,
             downs_at: std::array::from_fn(|m| ports.get(m).map_or(0, |p| p.downs())),
             notices: std::collections::VecDeque::new(),
             links,
-            failed_at: [0; crate::proto::verbs::MAX_QPS],
-            attempts: [0; crate::proto::verbs::MAX_QPS],
-            drained: 0,
-            flushed: [0; crate::proto::verbs::MAX_QPS],
             inbox: Vec::new(),
             outbox: Vec::new(),
             outbox_since: 0,
@@ -379,9 +356,6 @@ impl<N: Nic> Common<N> {
             pending: false,
             mismatch: None,
             reading_cause: false,
-            err_moves: 0,
-            err_tries: [0; crate::proto::verbs::MAX_QPS],
-            err_due: [0; crate::proto::verbs::MAX_QPS],
             oob_end: None,
             peer,
             oob,
@@ -499,7 +473,7 @@ impl<N: Nic> Common<N> {
             let wc = self.wc[i];
             if wc.wr_id >> KIND_SHIFT == KIND_DRAIN {
                 // A failover's marker (flushed): its queue is drained. Nothing for the caller.
-                self.drained |= 1 << (wc.wr_id & 0xff);
+                self.qs.marker((wc.wr_id & 0xff) as usize);
                 self.wc[i].wr_id = 0;
                 continue;
             }
@@ -513,8 +487,7 @@ impl<N: Nic> Common<N> {
             let m = self.wc_member[i] as usize;
             let at = self.qpns[..self.nqpns].iter().zip(&self.qp_member).position(|(&q, &qm)| q == wc.qp_num && qm as usize == m);
             if let Some(q) = at.filter(|&q| q < self.ndata) {
-                self.flushed[q] = self.flushed[q].saturating_add(1);
-                if self.qdead & (1 << q) != 0 || self.verdicts.iter().any(|v| v.q == q) {
+                if self.qs.flushed(q) || self.verdicts.iter().any(|v| v.q == q) {
                     continue; // flushed from a queue pair already failed over, or awaiting its verdict
                 }
             }

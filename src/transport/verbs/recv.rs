@@ -301,7 +301,7 @@ impl<N: Nic> VerbsRecv<N> {
 
     /// Whether queue pair `q` failed (or is being taken back: in RTR, it cannot send yet).
     fn gone(&self, q: usize) -> bool {
-        (self.c.qdead | self.c.failed | self.recovering) & (1 << q) != 0
+        (self.c.qs.down() | self.recovering) & (1 << q) != 0
     }
 
     /// Nothing moved: liveness, the device's events and the peer's notices, and a failover
@@ -329,7 +329,7 @@ impl<N: Nic> VerbsRecv<N> {
         if check {
             self.c.idle_check(self.eng.outstanding())?;
         }
-        if self.c.failover_due() || self.c.qdead != 0 {
+        if self.c.failover_due() || self.c.qs.dead() != 0 {
             self.idle_failover()?;
         }
         // Calm: the next idle moments would find nothing of the above to do. Every other call
@@ -338,7 +338,7 @@ impl<N: Nic> VerbsRecv<N> {
         self.calm = !self.eng.credit_pending()
             && self.copies.is_empty()
             && self.c.quiet()
-            && self.c.qdead == 0
+            && self.c.qs.dead() == 0
             && self.recovering == 0
             && self.posted_recvs[..self.qps.len()].iter().all(|&p| p > low);
         Ok(())
@@ -561,7 +561,7 @@ impl<N: Nic> Conn for VerbsRecv<N> {
         // A read through every member: each member's writes into GPU memory are visible once a
         // read through it completes, and any member may have carried this buffer's data. Not a
         // member whose queue pairs all failed over (no data came through it since).
-        let dead = self.c.qdead | self.c.failed;
+        let dead = self.c.qs.down();
         let live = |k: usize| self.c.on_member(k) & !dead != 0;
         self.flush_left[req as usize] = (0..ln).filter(|&k| live(k)).count() as u8;
         for k in 0..ln {

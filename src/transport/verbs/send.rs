@@ -330,7 +330,7 @@ impl<N: Nic> VerbsSend<N> {
 
     /// Whether queue pair `q` failed (its posts are dropped, as its flush would).
     fn gone(&self, q: usize) -> bool {
-        (self.c.qdead | self.c.failed) & (1 << q) != 0
+        self.c.qs.down() & (1 << q) != 0
     }
 
     /// Post what is newly ready (the first `ready` bytes) of rendezvous send `req`, as the

@@ -4,6 +4,7 @@
 //! wait inside one.
 
 use super::*;
+use crate::proto::qps::{Drained, Failed, Refused, MARKER_WAIT_MS, QUIET_MS};
 
 /// Run `f` on a shell unless a call of it is already under way there (`busy`): a failover polls
 /// while it drains, and a poll may call for another.
@@ -17,113 +18,58 @@ pub(in crate::transport::verbs) fn once<S>(s: &mut S, busy: fn(&mut S) -> &mut b
     r
 }
 
-/// A failover's wait (bounded) for the drain markers of queue pairs `mask`. A provider that does
-/// not flush a marker posted to a queue pair in ERR (Soft-RoCE of some kernels, for receive
-/// queues): after MARKER_WAIT, the queue pairs count as drained once none of them has given a
-/// completion for QUIET (nothing new reaches a queue pair in ERR, and what had reached it is in
-/// the CQ by then; the live ones' traffic does not count).
-pub(in crate::transport::verbs) struct Drain {
-    mask: u32,
-    /// When it began, and when a completion of its queue pairs was last seen (`Nic::now_ms`).
-    start: u64,
-    quiet_since: u64,
-    /// Failed completions of the queue pairs drained, when last looked at.
-    seen: u64,
-}
-
-impl Drain {
-    pub(in crate::transport::verbs) fn new(mask: u32, now_ms: u64) -> Drain {
-        Drain { mask, start: now_ms, quiet_since: now_ms, seen: 0 }
-    }
-
-    /// The queue pairs drained.
-    pub(in crate::transport::verbs) fn mask(&self) -> u32 {
-        self.mask
-    }
-
-    /// Whether the queue pairs count as drained yet (Err once DRAIN_WAIT is over). Never waits:
-    /// the shell asks again at its next call, after polling.
-    pub(in crate::transport::verbs) fn done<N: Nic>(&mut self, c: &mut Common<N>) -> Result<bool> {
-        let drained = c.drained;
-        if drained & self.mask == self.mask {
-            return Ok(true);
-        }
-        let now = N::now_ms();
-        if c.err_moves & self.mask != 0 {
-            // Not all in ERR yet (the device is busy): the drain's waits count from the last.
-            self.start = now;
-            self.quiet_since = now;
-            return Ok(false);
-        }
-        let seen: u64 = (0..c.ndata).filter(|&q| self.mask & (1 << q) != 0).map(|q| c.flushed[q] as u64).sum();
-        if seen != self.seen {
-            self.seen = seen;
-            self.quiet_since = now;
-        }
-        let over = |since: u64, d: Duration| now.saturating_sub(since) > d.as_millis() as u64;
-        if over(self.start, MARKER_WAIT) && over(self.quiet_since, QUIET) {
-            log::info!(
-                "NET/rivet: {}: queue pair(s) {:#x} in ERR: the provider did not flush the drain marker within {} ms; counted as drained after {} ms without a completion (failed completions per queue pair: {:?})",
-                c.where_(0),
-                self.mask & !drained,
-                MARKER_WAIT.as_millis(),
-                QUIET.as_millis(),
-                &c.flushed[..c.ndata]
-            );
-            return Ok(true);
-        }
-        if over(self.start, DRAIN_WAIT) {
-            return Err(c.drain_timeout(self.mask & !drained));
-        }
-        Ok(false)
-    }
-}
-
 impl<N: Nic> Common<N> {
+    /// Whether drain `d` is over yet (Err once DRAIN_WAIT is over): its markers completed, or,
+    /// from a provider that does not flush a marker posted to a queue pair in ERR (Soft-RoCE of
+    /// some kernels, for receive queues), quiet stood in for them ([`QpStates::drain_state`]).
+    /// Never waits: the shell asks again at its next call, after polling.
+    pub(in crate::transport::verbs) fn drain_done(&mut self, d: &mut Drain) -> Result<bool> {
+        match self.qs.drain_state(d, N::now_ms()) {
+            Drained::Yes => Ok(true),
+            Drained::No => Ok(false),
+            Drained::Quiet { unmarked } => {
+                log::info!(
+                    "NET/rivet: {}: queue pair(s) {unmarked:#x} in ERR: the provider did not flush the drain marker within {MARKER_WAIT_MS} ms; counted as drained after {QUIET_MS} ms without a completion (failed completions per queue pair: {:?})",
+                    self.where_(0),
+                    self.qs.flushed_counts()
+                );
+                Ok(true)
+            }
+            Drained::TimedOut { unmarked } => Err(self.drain_timeout(unmarked)),
+        }
+    }
+
     /// Move data queue pair `q` (`qp`) to ERR for a failover: Ok(true) once it is; Ok(false)
     /// while the device refuses with ETIMEDOUT (or anything, with NCCL_IB_MQP_RETRY_ALL) and
-    /// NCCL_IB_MQP_RETRY_CNT allows another try, NCCL_IB_MQP_RETRY_SLEEP_MSEC × n later, at a
-    /// later call (`err_moves_due`: net_ib sleeps that long inside the call; a failover cannot go
-    /// on with the queue pair still sending, and a comm killed for a busy firmware loses the job
-    /// a wait saves); the comm's error once the retries are spent.
+    /// NCCL_IB_MQP_RETRY_CNT allows another try at a later call ([`QpStates::refused`],
+    /// `QpStates::moves_due`); the comm's error once the retries are spent.
     pub(in crate::transport::verbs) fn move_to_err(&mut self, q: usize, qp: &N::Qp) -> Result<bool> {
         let port = self.ports.get(self.qp_member[q] as usize).copied().unwrap_or(self.port);
         let (rc, e) = match N::to_err(qp, port) {
             Ok(()) => {
-                self.err_moves &= !(1 << q);
-                self.err_tries[q] = 0;
+                self.qs.moved(q);
                 return Ok(true);
             }
             Err(refused) => refused,
         };
-        let r = self.set.mqp_retry;
-        let tries = self.err_tries[q];
-        if tries < r.count && (r.all || rc == libc::ETIMEDOUT) {
-            self.err_tries[q] = tries + 1;
-            self.err_due[q] = N::now_ms() + r.sleep_ms.saturating_mul(tries as u64 + 1);
-            self.err_moves |= 1 << q;
-            if tries == 0 {
-                log::info!(
-                    "NET/rivet: {}: moving queue pair {q} to ERR for a failover was refused ({e}); tried again at later calls, up to NCCL_IB_MQP_RETRY_CNT={} times, NCCL_IB_MQP_RETRY_SLEEP_MSEC={} ms later each time",
-                    self.where_(0),
-                    r.count,
-                    r.sleep_ms
-                );
+        match self.qs.refused(q, rc == libc::ETIMEDOUT, N::now_ms()) {
+            Refused::Later { first } => {
+                if first {
+                    let r = self.set.mqp_retry;
+                    log::info!(
+                        "NET/rivet: {}: moving queue pair {q} to ERR for a failover was refused ({e}); tried again at later calls, up to NCCL_IB_MQP_RETRY_CNT={} times, NCCL_IB_MQP_RETRY_SLEEP_MSEC={} ms later each time",
+                        self.where_(0),
+                        r.count,
+                        r.sleep_ms
+                    );
+                }
+                Ok(false)
             }
-            return Ok(false);
+            Refused::GiveUp { tries } => {
+                let e = if tries > 0 { Error::system(format!("{e} (after {tries} retries: NCCL_IB_MQP_RETRY_CNT)")) } else { e };
+                Err(self.die(e))
+            }
         }
-        self.err_moves &= !(1 << q);
-        let e = if tries > 0 { Error::system(format!("{e} (after {tries} retries: NCCL_IB_MQP_RETRY_CNT)")) } else { e };
-        Err(self.die(e))
-    }
-
-    /// The moves to ERR whose next try is due (bit q).
-    pub(in crate::transport::verbs) fn err_moves_due(&self) -> u32 {
-        if self.err_moves == 0 {
-            return 0;
-        }
-        let now = N::now_ms();
-        (0..self.ndata).filter(|&q| self.err_moves & (1 << q) != 0 && self.err_due[q] <= now).fold(0, |m, q| m | 1 << q)
     }
 
     /// The work a failure left for later calls (see `pending`): the notices the out-of-band
@@ -145,7 +91,7 @@ impl<N: Nic> Common<N> {
         let mut i = 0;
         while i < self.verdicts.len() {
             let (m, q) = (self.verdicts[i].m, self.verdicts[i].q);
-            if (self.qdead | self.failed) & (1 << q) != 0 {
+            if self.qs.down() & (1 << q) != 0 {
                 // Failed over meanwhile (the peer named it, or its port's event came): no verdict
                 // is needed any more.
                 self.verdicts.swap_remove(i);
@@ -225,29 +171,31 @@ impl<N: Nic> Common<N> {
     /// Queue pairs `mask` failed, for `cause`: the comm fails them over (the shells do, at their
     /// next call), or, with none left, fails.
     pub(in crate::transport::verbs) fn mark_failed(&mut self, mask: u32, cause: &str) {
-        let new = mask & !(self.failed | self.qdead);
-        if new == 0 || self.dead.is_some() {
+        if self.dead.is_some() {
             return;
         }
-        self.failed |= new;
-        let all = (1u32 << self.ndata) - 1;
-        let live: Vec<String> = (0..self.ndata).filter(|&q| (self.failed | self.qdead) & (1 << q) == 0).map(|q| self.member_name(self.qp_member[q] as usize)).collect();
-        let mut names: Vec<String> = (0..self.ndata).filter(|&q| new & (1 << q) != 0).map(|q| self.member_name(self.qp_member[q] as usize)).collect();
-        names.dedup();
+        let new = match self.qs.fail(mask) {
+            Failed::Known => return,
+            Failed::NoneLeft { .. } => {
+                self.causes.push(cause.to_string());
+                let e = Error::remote(format!("every queue pair of this connection failed ({}); no member is left to fail over to", self.causes.join("; ")));
+                self.die(e);
+                return;
+            }
+            Failed::Over { new } => new,
+        };
         self.causes.push(cause.to_string());
-        if (self.failed | self.qdead) & all == all {
-            let e = Error::remote(format!("every queue pair of this connection failed ({}); no member is left to fail over to", self.causes.join("; ")));
-            self.die(e);
-            return;
-        }
-        let mut live = live;
-        live.dedup();
+        let names = |mask: u32| {
+            let mut v: Vec<String> = (0..self.ndata).filter(|&q| mask & (1 << q) != 0).map(|q| self.member_name(self.qp_member[q] as usize)).collect();
+            v.dedup();
+            v.join(", ")
+        };
         log::warn!(
             "NET/rivet: {} (peer {}): queue pair(s) {new:#x} on {} failed: {cause}; their traffic fails over to {} (NCCL_IB_RESILIENCY_PORT_FAILOVER)",
             self.member_name(0),
             self.peer,
-            names.join(", "),
-            live.join(", ")
+            names(new),
+            names(self.qs.all() & !self.qs.down())
         );
     }
 
@@ -259,27 +207,18 @@ impl<N: Nic> Common<N> {
     /// Whether a failover is due: queue pairs found failed, the peer naming dead ones, or (on a
     /// sender) the receiver's account; or a recovery notice to act on.
     pub(in crate::transport::verbs) fn failover_due(&self) -> bool {
-        self.failed != 0 || self.peer_dead & !self.qdead != 0 || !self.notices.is_empty() || self.pending
+        self.qs.due() || !self.notices.is_empty() || self.pending
     }
 
     /// Queue pairs `mask` are failed over (in ERR, drained): recovery may take them back later.
     pub(in crate::transport::verbs) fn failed_over(&mut self, mask: u32) {
-        let now = N::now_ms();
-        self.qdead |= mask;
-        self.failed &= !mask;
-        for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
-            self.failed_at[q] = now;
-        }
+        self.qs.failed_over(mask, N::now_ms());
     }
 
     /// Queue pairs `mask` are taken back (both sides reset and reconnected them).
     pub(in crate::transport::verbs) fn taken_back(&mut self, mask: u32) {
-        self.qdead &= !mask;
-        self.failed &= !mask;
-        self.peer_dead &= !mask;
-        self.drained &= !mask;
+        self.qs.taken_back(mask);
         for q in (0..self.ndata).filter(|&q| mask & (1 << q) != 0) {
-            self.flushed[q] = 0;
             // Its port is up again: a later flap is a new one.
             let m = self.qp_member[q] as usize;
             if let (Some(p), Some(d)) = (self.ports.get(m), self.downs_at.get_mut(m)) {
@@ -288,34 +227,19 @@ impl<N: Nic> Common<N> {
         }
     }
 
-    /// Every data queue pair (bit q).
-    pub(in crate::transport::verbs) fn all_qps(&self) -> u32 {
-        ((1u64 << self.ndata) - 1) as u32
-    }
-
     /// Whether data queue pair `q`'s port is up (ACTIVE, and no PORT_ERR since its PORT_ACTIVE).
     pub(in crate::transport::verbs) fn port_up(&self, q: usize) -> bool {
         let p = self.ports.get(self.qp_member[q] as usize).copied().unwrap_or(self.port);
         !p.seen_down() && p.state() == Some("ACTIVE")
     }
 
-    /// The failed-over queue pairs recovery may try to take back now: recovery on, their port up
-    /// again, NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY since they failed (or since the last
-    /// attempt), fewer than NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX attempts.
+    /// The failed-over queue pairs recovery may try to take back now ([`QpStates::recoverable`],
+    /// of those whose port is up).
     pub(in crate::transport::verbs) fn recoverable_now(&self) -> u32 {
-        let cfg = &self.set;
-        if !cfg.recovery || self.qdead == 0 || self.dead.is_some() {
+        if self.dead.is_some() {
             return 0;
         }
-        let now = N::now_ms();
-        (0..self.ndata)
-            .filter(|&q| {
-                self.qdead & (1 << q) != 0
-                    && now.saturating_sub(self.failed_at[q]) >= cfg.recovery_delay_ms
-                    && self.attempts[q] < cfg.recovery_attempts
-                    && self.port_up(q)
-            })
-            .fold(0, |m, q| m | 1 << q)
+        self.qs.recoverable(N::now_ms(), |q| self.port_up(q))
     }
 
     /// A failover that could not drain its queue pairs in time: the comm fails.

@@ -42,13 +42,13 @@ impl<N: Nic> Common<N> {
                 return Err(self.die(e));
             }
             let mine = self.on_member(m);
-            if self.failover && p.seen_down() && mine & !(self.failed | self.qdead) != 0 {
+            if self.failover && p.seen_down() && mine & !self.qs.down() != 0 {
                 self.mark_failed(mine, &format!("the port {}:{} is down (PORT_ERR): check the link and the switch", p.dev_name(), p.num()));
             }
         }
         self.check()?;
         // The peer's notices: every 100 ms, every 10 ms while a failover is under way.
-        let every = if self.qdead != 0 || self.failed != 0 { LIVENESS_EVERY } else { PEER_EVERY };
+        let every = if self.qs.down() != 0 { LIVENESS_EVERY } else { PEER_EVERY };
         if now.saturating_sub(self.peer_checked) < every.as_millis() as u64 {
             return Ok(());
         }

@@ -76,7 +76,7 @@ impl<N: Nic> Common<N> {
                         match n {
                             Notice::Mismatch(m) => self.mismatch = Some(m),
                             n => {
-                                let n = n.masked(self.all_qps());
+                                let n = n.masked(self.qs.all());
                                 self.notices.push_back(n);
                             }
                         }

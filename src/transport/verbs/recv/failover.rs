@@ -22,7 +22,7 @@ impl<N: Nic> VerbsRecv<N> {
         if self.c.failover_due() {
             self.fail_over()?;
         }
-        if self.c.qdead != 0 && self.recovering == 0 && !self.c.failing() {
+        if self.c.qs.dead() != 0 && self.recovering == 0 && !self.c.failing() {
             let now = N::now_ms();
             if now.saturating_sub(self.recovery_checked) >= 50 {
                 self.recovery_checked = now;
@@ -30,7 +30,7 @@ impl<N: Nic> VerbsRecv<N> {
                 // pair failed over here alone may still be live there until the sender reads
                 // the account, and one reset here would take its writes after the account
                 // (while the sender has sent nothing on it, the sequence numbers match).
-                let m = self.c.recoverable_now() & self.c.peer_dead;
+                let m = self.c.recoverable_now() & self.c.qs.peer_dead();
                 if m != 0 {
                     self.ask_back(m)?;
                 }
@@ -46,8 +46,7 @@ impl<N: Nic> VerbsRecv<N> {
         let (nq, ln) = (self.qps.len(), self.c.ports.len());
         let mut ok = 0u32;
         for q in (0..nq).filter(|&q| m & (1 << q) != 0) {
-            self.c.attempts[q] += 1;
-            self.c.failed_at[q] = N::now_ms();
+            self.c.qs.asking(q, N::now_ms());
             let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
             if let Err(e) = N::reset_to_rtr(&self.qps[q], port, &l) {
                 log::warn!("NET/rivet: {}: taking queue pair {q} back failed: {e}", self.c.where_(0));
@@ -85,14 +84,14 @@ impl<N: Nic> VerbsRecv<N> {
             let _ = N::to_reset(&self.qps[q], self.c.ports[member_of(q, ln)]);
         }
         self.c.failed_over(no);
-        self.c.peer_dead |= no;
+        self.c.qs.peer_named(no);
         let mut ok = 0u32;
         for q in (0..nq).filter(|&q| yes & (1 << q) != 0) {
             let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
             match N::back_to_rts(&self.qps[q], port, &l) {
                 Ok(()) => {
                     ok |= 1 << q;
-                    self.c.attempts[q] = 0; // a later failure gets its own attempts
+                    self.c.qs.recovered(q); // a later failure gets its own attempts
                 }
                 Err(e) => {
                     // The sender sends on it already: it fails over again at its first error.
@@ -101,7 +100,7 @@ impl<N: Nic> VerbsRecv<N> {
                 }
             }
         }
-        if let Some(map) = remap_keeping(self.c.qdead | self.c.failed | self.recovering, nq, &self.map, true) {
+        if let Some(map) = remap_keeping(self.c.qs.down() | self.recovering, nq, &self.map, true) {
             self.map = map;
         }
         if ok != 0 {
@@ -132,12 +131,12 @@ impl<N: Nic> VerbsRecv<N> {
         // Fail and a Recovered mean different things the other way round).
         loop {
             // Moves to ERR the device refused before, due again now.
-            let due = self.c.err_moves_due();
+            let due = self.c.qs.moves_due(N::now_ms());
             for q in (0..self.qps.len()).filter(|&q| due & (1 << q) != 0) {
                 self.stop_and_mark(q)?;
             }
             if let Some(wait) = &mut self.draining {
-                if !wait.done(&mut self.c)? {
+                if !self.c.drain_done(wait)? {
                     break;
                 }
                 let new = wait.mask();
@@ -151,14 +150,14 @@ impl<N: Nic> VerbsRecv<N> {
                     break;
                 }
             }
-            let new = (self.c.failed | self.c.peer_dead) & !self.c.qdead & self.c.all_qps();
+            let new = (self.c.qs.failed() | self.c.qs.peer_dead()) & !self.c.qs.dead();
             if new != 0 {
                 self.drain(new)?;
                 continue;
             }
             match self.c.notices.pop_front() {
                 None => break,
-                Some(Notice::Fail { dead }) => self.c.peer_dead |= dead,
+                Some(Notice::Fail { dead }) => self.c.qs.peer_named(dead),
                 Some(Notice::Recovered { qps }) => self.took_back(qps, 0)?,
                 Some(Notice::NotRecovered { qps }) => self.took_back(0, qps)?,
                 Some(_) => {} // a sender's notice: not for a receiver
@@ -202,18 +201,18 @@ impl<N: Nic> VerbsRecv<N> {
         self.recovering &= !new;
         let (nq, ln) = (self.qps.len(), self.c.ports.len());
         // Not onto one being taken back (in RTR, it cannot send until the sender has answered).
-        let Some(map) = remap_keeping(self.c.qdead | self.recovering, nq, &self.map, false) else {
+        let Some(map) = remap_keeping(self.c.qs.dead() | self.recovering, nq, &self.map, false) else {
             return Err(self.c.die(Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
         };
         self.map = map;
-        let account = self.eng.resync(self.c.qdead);
+        let account = self.eng.resync(self.c.qs.dead());
         let (nrecvs, ring) = (account.recvs.len(), account.ring_arrived);
         self.c.notify(&Notice::Resync(account))?;
         if self.credit_at.is_some_and(|(q, _)| self.gone(q)) {
             self.credit_at = None;
         }
         for r in self.cts_reading.iter_mut() {
-            if r.is_some_and(|(q, _)| (self.c.qdead | self.c.failed) & (1 << q) != 0) {
+            if r.is_some_and(|(q, _)| self.c.qs.down() & (1 << q) != 0) {
                 *r = None;
             }
         }

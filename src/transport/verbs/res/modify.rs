@@ -18,6 +18,12 @@ pub struct MqpRetry {
     pub sleep_ms: u64,
 }
 
+impl From<MqpRetry> for crate::proto::qps::Retry {
+    fn from(r: MqpRetry) -> Self {
+        crate::proto::qps::Retry { all: r.all, count: r.count, sleep_ms: r.sleep_ms }
+    }
+}
+
 impl MqpRetry {
     /// Run `call` (returning 0 or an errno) until it succeeds, fails with an error not to retry,
     /// or has been retried `count` times; retry n first passes n × `sleep_ms` to `sleep`.

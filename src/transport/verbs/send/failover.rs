@@ -28,12 +28,12 @@ impl<N: Nic> VerbsSend<N> {
         self.c.resolve()?;
         loop {
             // Moves to ERR the device refused before, due again now.
-            let due = self.c.err_moves_due();
+            let due = self.c.qs.moves_due(N::now_ms());
             for q in (0..self.qps.len()).filter(|&q| due & (1 << q) != 0) {
                 self.stop_and_mark(q)?;
             }
             if let Some((wait, _)) = &mut self.draining {
-                if !wait.done(&mut self.c)? {
+                if !self.c.drain_done(wait)? {
                     break;
                 }
                 let Some((wait, then)) = self.draining.take() else { break };
@@ -52,7 +52,7 @@ impl<N: Nic> VerbsSend<N> {
             }
             // Found here: drained, then named to the receiver (only these: a Fail that named
             // ones failed over before could undo a take-back under way).
-            let found = self.c.failed & !self.c.qdead & self.c.all_qps();
+            let found = self.c.qs.failed() & !self.c.qs.dead();
             if found != 0 {
                 self.drain(found, AfterDrain::Tell)?;
                 continue;
@@ -61,7 +61,7 @@ impl<N: Nic> VerbsSend<N> {
             match self.c.notices.pop_front() {
                 None => break,
                 Some(Notice::Resync(r)) => {
-                    let named = r.dead & !self.c.qdead;
+                    let named = r.dead & !self.c.qs.dead();
                     if named != 0 {
                         self.drain(named, AfterDrain::Account(r))?;
                     } else {
@@ -105,7 +105,7 @@ impl<N: Nic> VerbsSend<N> {
     pub(super) fn take_back(&mut self, asked: u32) -> Result<()> {
         let (nq, ln) = (self.qps.len(), self.c.ports.len());
         let mut ok = 0u32;
-        let eligible = asked & self.c.qdead & self.synced;
+        let eligible = asked & self.c.qs.dead() & self.synced;
         for q in (0..nq).filter(|&q| eligible & (1 << q) != 0 && self.c.port_up(q)) {
             let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
             match N::reset_to_rtr(&self.qps[q], port, &l).and_then(|_| N::back_to_rts(&self.qps[q], port, &l)) {

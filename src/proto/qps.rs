@@ -1,0 +1,454 @@
+//! A comm's data queue pairs as failover and recovery see them, as pure code: which were found
+//! failed, which are failed over (in ERR, drained) and which the peer named dead; each one's
+//! drain (its marker's completion, its flushed completions, the waits that stand in for a marker
+//! a provider does not flush); the moves to ERR the device refused, retried at later calls as
+//! NCCL_IB_MQP_RETRY_* says; and recovery's schedule (when each may be asked back, how often it
+//! was). Both directions' shells keep one, hand it the time (coarse milliseconds) and what the
+//! ports say, and carry out what it answers: it reads no clock, no configuration and no device.
+
+use super::verbs::MAX_QPS;
+
+/// How long a failover waits for its drain markers (and for room for what it writes again).
+pub const DRAIN_WAIT_MS: u64 = 5_000;
+/// How long a drain marker is waited for before quiet stands in for it, and how much quiet.
+pub const MARKER_WAIT_MS: u64 = 500;
+pub const QUIET_MS: u64 = 100;
+
+/// NCCL_IB_MQP_RETRY_*: how a move to ERR the device refused is tried again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retry {
+    /// Whatever the error; otherwise only ETIMEDOUT.
+    pub all: bool,
+    /// Tries after the first.
+    pub count: u32,
+    /// Try n comes n times this later than the one before it.
+    pub sleep_ms: u64,
+}
+
+/// NCCL_IB_RESILIENCY_PORT_RECOVERY, its start delay and its attempts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    pub on: bool,
+    pub delay_ms: u64,
+    pub attempts: u32,
+}
+
+/// What `fail` made of queue pairs found failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failed {
+    /// Nothing new (already failed, or failed over).
+    Known,
+    /// `new` fail over to the queue pairs that live (the shells do, at their next call).
+    Over { new: u32 },
+    /// `new` were the last: no queue pair is left to fail over to.
+    NoneLeft { new: u32 },
+}
+
+/// What the device's refusal of a move to ERR means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Tried again at a later call (`moves_due`); `first`: the first refusal of this move.
+    Later { first: bool },
+    /// No try left: the comm's error, after `tries` retries.
+    GiveUp { tries: u32 },
+}
+
+/// A failover's drain of queue pairs `mask`, looked at each call (`QpStates::drain_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drain {
+    mask: u32,
+    /// When it began (or its last move to ERR was made), and when a completion of its queue
+    /// pairs was last seen.
+    start: u64,
+    quiet_since: u64,
+    /// Failed completions of the queue pairs drained, when last looked at.
+    seen: u64,
+}
+
+/// Where a drain stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drained {
+    /// Every marker completed.
+    Yes,
+    /// A provider that does not flush a marker posted to a queue pair in ERR (Soft-RoCE of some
+    /// kernels, for receive queues): after MARKER_WAIT_MS, the queue pairs count as drained once
+    /// none of them gave a completion for QUIET_MS. `unmarked`: those whose marker never came.
+    Quiet { unmarked: u32 },
+    /// Not yet: asked again at a later call.
+    No,
+    /// DRAIN_WAIT_MS is over: the comm's error. `unmarked` as above.
+    TimedOut { unmarked: u32 },
+}
+
+impl Drain {
+    pub fn new(mask: u32, now: u64) -> Drain {
+        Drain { mask, start: now, quiet_since: now, seen: 0 }
+    }
+
+    /// The queue pairs drained.
+    pub fn mask(&self) -> u32 {
+        self.mask
+    }
+}
+
+/// The state of a comm's `n` data queue pairs (bit q of each mask is queue pair q).
+#[derive(Clone, Debug)]
+pub struct QpStates {
+    n: usize,
+    /// Found failed here (a failed completion, its port's PORT_ERR) and not yet failed over.
+    failed: u32,
+    /// Failed over: in ERR and drained, their traffic on the others.
+    dead: u32,
+    /// Receiver: named dead by the sender's Fail notices (its side is in ERR).
+    peer_dead: u32,
+    /// Whose drain marker has completed.
+    marked: u32,
+    /// Failed completions seen per queue pair (a drain's quiet counts them).
+    flushed: [u32; MAX_QPS],
+    /// Recovery: when each was failed over or last asked back, and how often it was.
+    failed_at: [u64; MAX_QPS],
+    attempts: [u32; MAX_QPS],
+    /// Moves to ERR the device refused for now, each one's retries so far and when the next
+    /// is due.
+    moves: u32,
+    tries: [u32; MAX_QPS],
+    due: [u64; MAX_QPS],
+    retry: Retry,
+    recovery: Recovery,
+}
+
+impl QpStates {
+    pub fn new(n: usize, retry: Retry, recovery: Recovery) -> QpStates {
+        QpStates {
+            n: n.min(MAX_QPS),
+            failed: 0,
+            dead: 0,
+            peer_dead: 0,
+            marked: 0,
+            flushed: [0; MAX_QPS],
+            failed_at: [0; MAX_QPS],
+            attempts: [0; MAX_QPS],
+            moves: 0,
+            tries: [0; MAX_QPS],
+            due: [0; MAX_QPS],
+            retry,
+            recovery,
+        }
+    }
+
+    /// Every data queue pair.
+    pub fn all(&self) -> u32 {
+        ((1u64 << self.n) - 1) as u32
+    }
+
+    /// Found failed and not yet failed over.
+    #[inline]
+    pub fn failed(&self) -> u32 {
+        self.failed
+    }
+
+    /// Failed over (in ERR, drained).
+    #[inline]
+    pub fn dead(&self) -> u32 {
+        self.dead
+    }
+
+    /// Failed, found here or failed over: nothing is to be posted on them.
+    #[inline]
+    pub fn down(&self) -> u32 {
+        self.failed | self.dead
+    }
+
+    /// Named dead by the peer.
+    pub fn peer_dead(&self) -> u32 {
+        self.peer_dead
+    }
+
+    /// The peer named `mask` dead (its side of them is in ERR).
+    pub fn peer_named(&mut self, mask: u32) {
+        self.peer_dead |= mask & self.all();
+    }
+
+    /// Whether a failover is due on what this state knows: queue pairs found failed, or the
+    /// peer naming ones not failed over here.
+    #[inline]
+    pub fn due(&self) -> bool {
+        self.failed != 0 || self.peer_dead & !self.dead != 0
+    }
+
+    /// Queue pairs `mask` found failed.
+    pub fn fail(&mut self, mask: u32) -> Failed {
+        let new = mask & self.all() & !(self.failed | self.dead);
+        if new == 0 {
+            return Failed::Known;
+        }
+        self.failed |= new;
+        if self.down() == self.all() {
+            Failed::NoneLeft { new }
+        } else {
+            Failed::Over { new }
+        }
+    }
+
+    /// A failed completion of queue pair `q`: counted for its drain's quiet. Whether `q` is
+    /// failed over already (what comes from it is only its queue flushed).
+    pub fn flushed(&mut self, q: usize) -> bool {
+        if q < self.n {
+            self.flushed[q] = self.flushed[q].saturating_add(1);
+        }
+        self.dead & (1 << q) != 0
+    }
+
+    /// The drain marker of queue pair `q` completed: everything posted on it before is polled.
+    pub fn marker(&mut self, q: usize) {
+        if q < self.n {
+            self.marked |= 1 << q;
+        }
+    }
+
+    /// Failed completions seen per queue pair.
+    pub fn flushed_counts(&self) -> &[u32] {
+        &self.flushed[..self.n]
+    }
+
+    /// Where drain `d` stands at `now`. Never waits: the shell asks again at its next call,
+    /// after polling.
+    pub fn drain_state(&self, d: &mut Drain, now: u64) -> Drained {
+        if self.marked & d.mask == d.mask {
+            return Drained::Yes;
+        }
+        let unmarked = d.mask & !self.marked;
+        if self.moves & d.mask != 0 {
+            // Not all in ERR yet (the device is busy): the drain's waits count from the last.
+            d.start = now;
+            d.quiet_since = now;
+            return Drained::No;
+        }
+        let seen: u64 = (0..self.n).filter(|&q| d.mask & (1 << q) != 0).map(|q| self.flushed[q] as u64).sum();
+        if seen != d.seen {
+            d.seen = seen;
+            d.quiet_since = now;
+        }
+        let over = |since: u64, ms: u64| now.saturating_sub(since) > ms;
+        if over(d.start, MARKER_WAIT_MS) && over(d.quiet_since, QUIET_MS) {
+            return Drained::Quiet { unmarked };
+        }
+        if over(d.start, DRAIN_WAIT_MS) {
+            return Drained::TimedOut { unmarked };
+        }
+        Drained::No
+    }
+
+    /// Queue pairs `mask` are failed over (in ERR, drained) at `now`: recovery may take them
+    /// back later.
+    pub fn failed_over(&mut self, mask: u32, now: u64) {
+        let mask = mask & self.all();
+        self.dead |= mask;
+        self.failed &= !mask;
+        for q in (0..self.n).filter(|&q| mask & (1 << q) != 0) {
+            self.failed_at[q] = now;
+        }
+    }
+
+    /// Queue pairs `mask` are taken back (both sides reset and reconnected them): live, and
+    /// their drain and flushed completions forgotten.
+    pub fn taken_back(&mut self, mask: u32) {
+        self.dead &= !mask;
+        self.failed &= !mask;
+        self.peer_dead &= !mask;
+        self.marked &= !mask;
+        for q in (0..self.n).filter(|&q| mask & (1 << q) != 0) {
+            self.flushed[q] = 0;
+        }
+    }
+
+    /// Recovery asks queue pair `q` back at `now` (one more attempt; the next, if this one
+    /// fails, START_DELAY after it).
+    pub fn asking(&mut self, q: usize, now: u64) {
+        if q < self.n {
+            self.attempts[q] += 1;
+            self.failed_at[q] = now;
+        }
+    }
+
+    /// Queue pair `q` is back in use: a later failure gets its own attempts.
+    pub fn recovered(&mut self, q: usize) {
+        if q < self.n {
+            self.attempts[q] = 0;
+        }
+    }
+
+    /// The failed-over queue pairs recovery may try to take back at `now`, of those whose port
+    /// is up (`up`): recovery on, NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY since they failed
+    /// (or since the last attempt), fewer than NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX
+    /// attempts. `up` is a function so that a port is asked only about a candidate.
+    pub fn recoverable(&self, now: u64, up: impl Fn(usize) -> bool) -> u32 {
+        let r = &self.recovery;
+        if !r.on || self.dead == 0 {
+            return 0;
+        }
+        (0..self.n)
+            .filter(|&q| self.dead & (1 << q) != 0 && now.saturating_sub(self.failed_at[q]) >= r.delay_ms && self.attempts[q] < r.attempts && up(q))
+            .fold(0, |m, q| m | 1 << q)
+    }
+
+    /// The move of queue pair `q` to ERR succeeded.
+    pub fn moved(&mut self, q: usize) {
+        self.moves &= !(1 << q);
+        if q < self.n {
+            self.tries[q] = 0;
+        }
+    }
+
+    /// The device refused to move queue pair `q` to ERR at `now` (`timed_out`: with
+    /// ETIMEDOUT): tried again NCCL_IB_MQP_RETRY_SLEEP_MSEC × n later, up to
+    /// NCCL_IB_MQP_RETRY_CNT times (net_ib sleeps that long inside the call; a failover cannot
+    /// go on with the queue pair still sending, and a comm killed for a busy firmware loses the
+    /// job a wait saves).
+    pub fn refused(&mut self, q: usize, timed_out: bool, now: u64) -> Refused {
+        let q = q.min(MAX_QPS - 1);
+        let tries = self.tries[q];
+        if tries < self.retry.count && (self.retry.all || timed_out) {
+            self.tries[q] = tries + 1;
+            self.due[q] = now + self.retry.sleep_ms.saturating_mul(tries as u64 + 1);
+            self.moves |= 1 << q;
+            return Refused::Later { first: tries == 0 };
+        }
+        self.moves &= !(1 << q);
+        Refused::GiveUp { tries }
+    }
+
+    /// The moves to ERR whose next try is due at `now`.
+    pub fn moves_due(&self, now: u64) -> u32 {
+        if self.moves == 0 {
+            return 0;
+        }
+        (0..self.n).filter(|&q| self.moves & (1 << q) != 0 && self.due[q] <= now).fold(0, |m, q| m | 1 << q)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn states(n: usize) -> QpStates {
+        QpStates::new(n, Retry { all: false, count: 3, sleep_ms: 10 }, Recovery { on: true, delay_ms: 100, attempts: 2 })
+    }
+
+    #[test]
+    fn failing_the_last_live_queue_pair_leaves_none_to_fail_over_to() {
+        let mut s = states(3);
+        assert_eq!(s.fail(0b001), Failed::Over { new: 0b001 });
+        assert_eq!(s.fail(0b011), Failed::Over { new: 0b010 }, "only what is new");
+        assert_eq!(s.fail(0b010), Failed::Known);
+        assert!(s.due());
+        s.failed_over(0b011, 7);
+        assert!(!s.due());
+        assert_eq!((s.failed(), s.dead(), s.down()), (0, 0b011, 0b011));
+        assert_eq!(s.fail(0b1100), Failed::NoneLeft { new: 0b100 }, "bits past the queue pairs are not queue pairs");
+    }
+
+    #[test]
+    fn the_peer_naming_a_queue_pair_makes_a_failover_due_until_it_is_failed_over_here() {
+        let mut s = states(2);
+        s.peer_named(0b10);
+        assert!(s.due());
+        s.failed_over(0b10, 1);
+        assert!(!s.due());
+        s.taken_back(0b10);
+        assert_eq!((s.dead(), s.peer_dead()), (0, 0), "taken back: the peer's word is needed again");
+    }
+
+    #[test]
+    fn a_drain_is_over_at_its_markers_or_after_quiet_and_fails_after_drain_wait() {
+        let mut s = states(2);
+        let mut d = Drain::new(0b11, 1000);
+        s.marker(0);
+        assert_eq!(s.drain_state(&mut d, 1001), Drained::No);
+        s.marker(1);
+        assert_eq!(s.drain_state(&mut d, 1002), Drained::Yes);
+
+        // No marker from queue pair 1: quiet stands in for it after MARKER_WAIT_MS, but each of
+        // its flushed completions starts the quiet again.
+        let mut s = states(2);
+        let mut d = Drain::new(0b10, 0);
+        s.marker(0);
+        assert_eq!(s.drain_state(&mut d, MARKER_WAIT_MS), Drained::No);
+        assert!(!s.flushed(1));
+        assert_eq!(s.drain_state(&mut d, MARKER_WAIT_MS + 1), Drained::No, "a completion just came");
+        assert_eq!(s.drain_state(&mut d, MARKER_WAIT_MS + 1 + QUIET_MS), Drained::No);
+        assert_eq!(s.drain_state(&mut d, MARKER_WAIT_MS + 2 + QUIET_MS), Drained::Quiet { unmarked: 0b10 });
+
+        // Completions that never stop: the drain times out.
+        let mut s = states(1);
+        let mut d = Drain::new(0b1, 0);
+        let mut now = 0;
+        let end = loop {
+            s.flushed(0);
+            now += 50;
+            match s.drain_state(&mut d, now) {
+                Drained::No => continue,
+                other => break other,
+            }
+        };
+        assert_eq!(end, Drained::TimedOut { unmarked: 0b1 });
+        assert_eq!(now, DRAIN_WAIT_MS + 50);
+    }
+
+    #[test]
+    fn a_refused_move_to_err_is_tried_later_as_mqp_retry_says_and_holds_its_drain() {
+        let mut s = states(2);
+        assert_eq!(s.refused(1, false, 0), Refused::GiveUp { tries: 0 }, "only ETIMEDOUT is retried");
+        assert_eq!(s.refused(1, true, 0), Refused::Later { first: true });
+        assert_eq!(s.moves_due(9), 0);
+        assert_eq!(s.moves_due(10), 0b10);
+        let mut d = Drain::new(0b10, 0);
+        assert_eq!(s.drain_state(&mut d, DRAIN_WAIT_MS * 2), Drained::No, "a move not made holds the drain's clock");
+        assert_eq!(s.refused(1, true, 10), Refused::Later { first: false });
+        assert_eq!(s.moves_due(29), 0, "the second retry 2 x 10 ms later");
+        assert_eq!(s.refused(1, true, 30), Refused::Later { first: false });
+        assert_eq!(s.refused(1, true, 60), Refused::GiveUp { tries: 3 });
+        assert_eq!(s.moves_due(u64::MAX), 0);
+
+        let mut s = states(1);
+        s.refused(0, true, 0);
+        s.moved(0);
+        assert_eq!(s.moves_due(u64::MAX), 0);
+        assert_eq!(s.refused(0, true, 0), Refused::Later { first: true }, "a move made starts its count again");
+    }
+
+    #[test]
+    fn recovery_asks_back_after_its_delay_while_attempts_last_and_the_port_is_up() {
+        let mut s = states(3);
+        assert_eq!(s.recoverable(1_000, |_| true), 0, "nothing failed over");
+        s.fail(0b011);
+        s.failed_over(0b011, 1_000);
+        assert_eq!(s.recoverable(1_099, |_| true), 0, "START_DELAY not over");
+        assert_eq!(s.recoverable(1_100, |_| true), 0b011);
+        assert_eq!(s.recoverable(1_100, |q| q == 1), 0b010, "a port still down is not asked back");
+        s.asking(1, 1_100);
+        assert_eq!(s.recoverable(1_150, |_| true), 0b001, "the next attempt START_DELAY after the last");
+        s.asking(1, 1_200);
+        assert_eq!(s.recoverable(10_000, |_| true), 0b001, "ATTEMPTS_MAX reached");
+        s.recovered(1);
+        assert_eq!(s.recoverable(10_000, |_| true), 0b011);
+        s.taken_back(0b001);
+        assert_eq!(s.recoverable(10_000, |_| true), 0b010);
+        let off = QpStates::new(3, Retry::default(), Recovery { on: false, delay_ms: 0, attempts: 9 });
+        assert_eq!(off.recoverable(0, |_| true), 0, "recovery off");
+    }
+
+    #[test]
+    fn taking_back_forgets_the_drain_and_flushed_completions() {
+        let mut s = states(2);
+        s.fail(0b01);
+        s.flushed(0);
+        s.marker(0);
+        s.failed_over(0b01, 5);
+        assert!(s.flushed(0), "a completion of a queue pair failed over is its queue flushed");
+        s.taken_back(0b01);
+        assert_eq!(s.flushed_counts(), &[0, 0]);
+        let mut d = Drain::new(0b01, 0);
+        assert_eq!(s.drain_state(&mut d, 1), Drained::No, "a new failure's drain waits for a new marker");
+    }
+}
