@@ -1,11 +1,14 @@
 //! A comm's data queue pairs as failover and recovery see them, as pure code: which were found
-//! failed, which are failed over (in ERR, drained) and which the peer named dead; each one's
+//! failed, which are failed over (in ERR, drained) and which the peer named dead; the map of
+//! logical queue pairs onto live ones, and what each direction's side of a failover and a
+//! recovery has done (the sender's accounts applied, the receiver's queue pairs asked back); each one's
 //! drain (its marker's completion, its flushed completions, the waits that stand in for a marker
 //! a provider does not flush); the moves to ERR the device refused, retried at later calls as
 //! NCCL_IB_MQP_RETRY_* says; and recovery's schedule (when each may be asked back, how often it
 //! was). Both directions' shells keep one, hand it the time (coarse milliseconds) and what the
 //! ports say, and carry out what it answers: it reads no clock, no configuration and no device.
 
+use super::notice::remap_keeping;
 use super::verbs::MAX_QPS;
 
 /// How long a failover waits for its drain markers (and for room for what it writes again).
@@ -115,6 +118,13 @@ pub struct QpStates {
     due: [u64; MAX_QPS],
     retry: Retry,
     recovery: Recovery,
+    /// Which queue pair carries each logical one's traffic.
+    map: [u8; MAX_QPS],
+    /// Sender: the failed queue pairs whose loss the receiver's account was applied for.
+    synced: u32,
+    /// Receiver: failed queue pairs reset here (in RTR, receives posted) and asked back, the
+    /// sender's answer not yet in.
+    asked: u32,
 }
 
 impl QpStates {
@@ -133,7 +143,132 @@ impl QpStates {
             due: [0; MAX_QPS],
             retry,
             recovery,
+            map: std::array::from_fn(|q| q as u8),
+            synced: 0,
+            asked: 0,
         }
+    }
+
+    /// The queue pair that carries logical queue pair `q`'s traffic.
+    #[inline]
+    pub fn carrier(&self, q: usize) -> usize {
+        self.map[q] as usize
+    }
+
+    /// The map of logical queue pairs onto queue pairs (the first `n` are in use).
+    pub fn map(&self) -> &[u8; MAX_QPS] {
+        &self.map
+    }
+
+    /// How many logical queue pairs queue pair `q` carries (after a failover, one carries
+    /// several: their writes all go to it).
+    pub fn carried(&self, q: usize) -> usize {
+        self.map[..self.n].iter().filter(|&&p| p as usize == q).count()
+    }
+
+    /// Move the map off queue pairs `dead`, as little as it can ([`remap_keeping`]; `back`:
+    /// logical queue pairs 1.. go home to queue pairs live again). False if none is left.
+    fn remap(&mut self, dead: u32, back: bool) -> bool {
+        match remap_keeping(dead, self.n, &self.map, back) {
+            Some(m) => {
+                self.map = m;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Receiver: failed over, or asked back and not answered yet (in RTR, it cannot send).
+    #[inline]
+    pub fn recv_gone(&self) -> u32 {
+        self.failed | self.dead | self.asked
+    }
+
+    /// Receiver: the queue pairs asked back, not answered yet.
+    pub fn asked(&self) -> u32 {
+        self.asked
+    }
+
+    /// Receiver: queue pairs `new` are drained. They are failed over (at `now`), no longer
+    /// asked back, and the map moves off them (and off those being asked back). False if no
+    /// queue pair is left.
+    pub fn recv_drained(&mut self, new: u32, now: u64) -> bool {
+        self.failed_over(new, now);
+        self.asked &= !new;
+        self.remap(self.dead | self.asked, false)
+    }
+
+    /// Receiver: queue pairs `ok`, taken back here (`taken_back`: reset, they can receive, and
+    /// may fail again, from now on), are asked back of the sender.
+    pub fn recv_asked(&mut self, ok: u32) {
+        self.asked |= ok & self.all();
+    }
+
+    /// Receiver: the sender's answer to a Recover, of the queue pairs still asked back (one
+    /// failed again meanwhile is failed over): those it took back (`yes`) and those it could not
+    /// (`no`, failed over again at `now`; its side stays in ERR, so they may be asked again
+    /// without its word). Returns both, filtered.
+    pub fn recv_answered(&mut self, yes: u32, no: u32, now: u64) -> (u32, u32) {
+        let (yes, no) = (yes & self.asked, no & self.asked);
+        self.asked &= !(yes | no);
+        self.failed_over(no, now);
+        self.peer_named(no);
+        (yes, no)
+    }
+
+    /// Receiver: the answer is applied (the queue pairs taken back are in RTS, or failed again):
+    /// logical queue pairs 1.. go home to those that live.
+    pub fn recv_home(&mut self) {
+        self.remap(self.down() | self.asked, true);
+    }
+
+    /// Sender: the receiver's account names `dead`: the queue pairs no earlier account did, for
+    /// which the engine applies it (their parts and eager writes lost or arrived). The map moves
+    /// off every one the accounts named; None if none is left.
+    pub fn send_account(&mut self, dead: u32) -> Option<u32> {
+        let newly = dead & !self.synced;
+        if newly == 0 {
+            return Some(0);
+        }
+        self.synced |= dead;
+        self.remap(self.synced, false).then_some(newly)
+    }
+
+    /// Sender: the failed queue pairs the receiver's accounts named (applied for).
+    pub fn synced(&self) -> u32 {
+        self.synced
+    }
+
+    /// Sender: of the queue pairs the receiver asks back (`asked`), those this side may take
+    /// back: failed over and accounted for.
+    pub fn send_may_take_back(&self, asked: u32) -> u32 {
+        asked & self.dead & self.synced
+    }
+
+    /// Sender: queue pairs `ok` are taken back (reset and in RTS again).
+    pub fn send_took_back(&mut self, ok: u32) {
+        self.taken_back(ok);
+        self.synced &= !ok;
+    }
+
+    /// Sender: move logical queue pairs home to the queue pairs taken back, each only if none of
+    /// its parts is half posted where it is (`open`, bit per logical queue pair: a staged send's
+    /// part that began on one queue pair and ended with its immediate on another could complete
+    /// before its first bytes landed). Whether the map changed, and whether some still wait.
+    pub fn send_home(&mut self, open: u32) -> (bool, bool) {
+        let Some(want) = remap_keeping(self.synced, self.n, &self.map, true) else { return (false, false) };
+        let (mut moved, mut waiting) = (false, false);
+        for (q, &w) in want.iter().enumerate().take(self.n) {
+            if self.map[q] != w {
+                if open & (1 << q) == 0 {
+                    self.map[q] = w;
+                    moved = true;
+                } else {
+                    waiting = true;
+                }
+            }
+        }
+        (moved, waiting)
     }
 
     /// Every data queue pair.
@@ -436,6 +571,62 @@ mod tests {
         assert_eq!(s.recoverable(10_000, |_| true), 0b010);
         let off = QpStates::new(3, Retry::default(), Recovery { on: false, delay_ms: 0, attempts: 9 });
         assert_eq!(off.recoverable(0, |_| true), 0, "recovery off");
+    }
+
+    #[test]
+    fn the_receiver_moves_the_map_off_what_drained_and_home_once_the_sender_answers() {
+        let mut s = states(3);
+        s.fail(0b010);
+        assert!(s.recv_drained(0b010, 10));
+        assert_eq!(&s.map()[..3], &[0, 2, 2]);
+        assert_eq!(s.carried(2), 2);
+        s.taken_back(0b010);
+        s.recv_asked(0b010);
+        assert_eq!((s.dead(), s.asked(), s.recv_gone()), (0, 0b010, 0b010), "asked back: live, but not to send on yet");
+        // The sender answers for one asked and one not.
+        assert_eq!(s.recv_answered(0b010, 0b001, 20), (0b010, 0));
+        s.recv_home();
+        assert_eq!(&s.map()[..3], &[0, 1, 2], "logical 1 home again");
+        // Asked back and refused: failed over again, the sender's side in ERR.
+        s.fail(0b100);
+        assert!(s.recv_drained(0b100, 30));
+        s.taken_back(0b100);
+        s.recv_asked(0b100);
+        assert_eq!(s.recv_answered(0, 0b100, 40), (0, 0b100));
+        assert_eq!((s.dead(), s.peer_dead() & 0b100), (0b100, 0b100));
+        s.recv_home();
+        assert_eq!(&s.map()[..3], &[0, 1, 0]);
+        s.fail(0b011);
+        assert!(!s.recv_drained(0b011, 50), "none left");
+    }
+
+    #[test]
+    fn logical_queue_pair_zero_stays_where_it_went_when_its_own_comes_back() {
+        let mut s = states(2);
+        s.fail(0b01);
+        s.failed_over(0b01, 1);
+        assert_eq!(s.send_account(0b01), Some(0b01));
+        assert_eq!(s.send_account(0b01), Some(0), "an account applied once");
+        assert_eq!(&s.map()[..2], &[1, 1]);
+        assert_eq!(s.send_may_take_back(0b11), 0b01, "only what failed over and was accounted for");
+        s.send_took_back(0b01);
+        assert_eq!(s.send_home(0), (false, false), "logical 0 stays: its eager messages arrive in order on one queue pair");
+        assert_eq!(&s.map()[..2], &[1, 1]);
+        assert_eq!(s.send_account(0b11), None, "none left");
+    }
+
+    #[test]
+    fn the_sender_moves_a_logical_queue_pair_home_only_once_none_of_its_parts_is_half_posted() {
+        let mut s = states(3);
+        s.fail(0b110);
+        s.failed_over(0b110, 1);
+        assert_eq!(s.send_account(0b110), Some(0b110));
+        assert_eq!(&s.map()[..3], &[0, 0, 0]);
+        s.send_took_back(0b110);
+        assert_eq!(s.send_home(0b100), (true, true), "logical 1 moves, logical 2 waits for its part");
+        assert_eq!(&s.map()[..3], &[0, 1, 0]);
+        assert_eq!(s.send_home(0), (true, false));
+        assert_eq!(&s.map()[..3], &[0, 1, 2]);
     }
 
     #[test]

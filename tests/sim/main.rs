@@ -19,7 +19,8 @@
 
 use nccl_net_rivet::proto::recv::{CtsPlan, EagerStep, RecvEngine, RecvPlan, RecvSpec};
 use nccl_net_rivet::proto::send::{Close, Origin, RdvStep, RingSpec, SendEngine, SendPlan};
-use nccl_net_rivet::proto::verbs::{remap_keeping, Cts, EagerHdr, Imm, Notice, Resync, EAGER_HDR, FIFO_BYTES, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use nccl_net_rivet::proto::qps::{QpStates, Recovery, Retry};
+use nccl_net_rivet::proto::verbs::{Cts, EagerHdr, Imm, Notice, Resync, EAGER_HDR, FIFO_BYTES, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
 use nccl_net_rivet::proto::ProtoError;
 use std::collections::VecDeque;
 
@@ -103,7 +104,6 @@ fn run(cfg: Config, seed: u64) -> Result<u64, String> {
         to_send: VecDeque::new(),
         cfg: cfg.clone(),
     };
-    let identity: [u8; MAX_QPS] = std::array::from_fn(|q| q as u8);
     let mut eng = SendEngine::new(cfg.nqps, RingSpec { slots: cfg.ring_slots, eager_max: cfg.eager_max }, cfg.origin);
     eng.set_adaptive_routing(cfg.ar.filter(|_| !cfg.ar_unsplit));
     eng.set_parts(cfg.parts);
@@ -117,9 +117,7 @@ fn run(cfg: Config, seed: u64) -> Result<u64, String> {
         ready: msgs.iter().map(|m| if cfg.partial && m.send > cfg.eager_max { r.below(m.send) } else { m.send }).collect(),
         steps: [RdvStep { part: 0, q: 0, data: None, close: None }; MAX_QPS],
         dead: false,
-        map: identity,
-        qdead: 0,
-        synced: 0,
+        qs: QpStates::new(cfg.nqps, Retry::default(), Recovery::default()),
         inline_copy: vec![None; cfg.ring_slots],
         switching: false,
         part_qp: vec![[0; MAX_QPS]; nccl_net_rivet::proto::send::SEND_REQS],
@@ -134,9 +132,7 @@ fn run(cfg: Config, seed: u64) -> Result<u64, String> {
         done: 0,
         dead: false,
         credit_inflight: false,
-        map: identity,
-        qdead: 0,
-        recovering: 0,
+        qs: QpStates::new(cfg.nqps, Retry::default(), Recovery::default()),
     };
     let ngroups = cfg.groups.len();
     let limit = 400_000 + 2_000 * msgs.len() as u64;

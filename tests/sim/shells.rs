@@ -23,11 +23,9 @@ pub(crate) struct Send {
     pub(crate) ready: Vec<usize>,
     pub(crate) steps: [RdvStep; MAX_QPS],
     pub(crate) dead: bool,
-    /// Which queue pair carries each logical one (after members failed).
-    pub(crate) map: [u8; MAX_QPS],
-    /// Queue pairs this side found dead, and those a resync has been applied for.
-    pub(crate) qdead: u32,
-    pub(crate) synced: u32,
+    /// The queue pairs as the production shells keep them: failed over, the accounts applied,
+    /// and the map of logical queue pairs.
+    pub(crate) qs: QpStates,
     /// The bytes of each ring slot's last eager write that went inline (complete when posted:
     /// the application may reuse its buffer), to write again if it is lost.
     pub(crate) inline_copy: Vec<Option<Vec<u8>>>,
@@ -48,11 +46,9 @@ pub(crate) struct Recv {
     pub(crate) dead: bool,
     /// Under adaptive routing: a credit write is on the wire (its completion not yet seen).
     pub(crate) credit_inflight: bool,
-    pub(crate) map: [u8; MAX_QPS],
-    /// Queue pairs found dead (and accounted for in a resync sent).
-    pub(crate) qdead: u32,
-    /// Recovery: queue pairs reset here, the sender asked to take them back.
-    pub(crate) recovering: u32,
+    /// The queue pairs as the production shells keep them: failed over (and accounted for in a
+    /// resync sent), asked back, and the map of logical queue pairs.
+    pub(crate) qs: QpStates,
 }
 
 thread_local! {
@@ -147,7 +143,7 @@ impl Send {
             let close_imm = s.close.map(|_| t.imm_of(s.part));
             // The completion names the part (as the shell's work request id does).
             let sig = Some(req | (s.part as u16) << 12);
-            let pq = self.map[s.q] as usize;
+            let pq = self.qs.carrier(s.q);
             self.part_qp[req as usize][s.part] = pq as u8;
             match (s.data, s.close) {
                 (Some((off, len)), Some(Close::OnData)) => {
@@ -173,7 +169,7 @@ impl Send {
             self.eng.on_completion(id & 0xfff, (id >> 12) as usize);
         }
         if self.switching {
-            self.switch_back(sim);
+            self.switch_back();
         }
     }
 
@@ -240,7 +236,7 @@ impl Send {
             Src::SendArena { len, .. } | Src::SendHdrs { len, .. } => *len,
         }).sum();
         let imm = Some(Imm::Eager(ring_slot as u32).encode());
-        let q = self.map[0] as usize;
+        let q = self.qs.carrier(0);
         if self.eng.ar_split(len) {
             sim.post(false, q, (Mem::Ring, ring_slot * sim.slot_bytes), src, None, None);
             sim.post(false, q, (Mem::Ring, 0), vec![], imm, signal);
@@ -252,14 +248,15 @@ impl Send {
     /// This side found queue pairs dead (a failed completion, PORT_ERR): it tells the receiver,
     /// whose resync says what to send again.
     pub(crate) fn sees_dead(&mut self, sim: &mut Sim, mask: u32) {
-        if mask & !self.qdead == 0 {
+        let new = mask & !self.qs.dead();
+        if new == 0 {
             return;
         }
         // In ERR from now on: nothing more goes out on them or arrives through them (a live one
         // found failed late, after it was taken back, dies here).
-        let new = mask & !self.qdead;
         sim.err(false, new);
-        self.qdead |= mask;
+        self.qs.fail(new);
+        self.qs.failed_over(new, sim.steps);
         let at = oob_delay(sim);
         // Only the new ones: naming one failed over before could undo a take-back under way.
         sim.to_recv.push_back((at, Notice::Fail { dead: new }));
@@ -270,26 +267,28 @@ impl Send {
     /// pairs mapped onto them) go to the engine, and what it says was lost is posted again on
     /// the queue pairs that live.
     pub(crate) fn on_resync(&mut self, sim: &mut Sim, r: &Resync) -> Res<()> {
-        let new = r.dead & !self.synced;
-        if new == 0 || sim.cfg.no_failover {
+        if r.dead & !self.qs.synced() == 0 || sim.cfg.no_failover {
             return Ok(());
         }
-        self.qdead |= r.dead;
+        let newly_dead = r.dead & !self.qs.dead();
+        self.qs.fail(newly_dead);
+        self.qs.failed_over(newly_dead, sim.steps);
         while !sim.send_cq.is_empty() {
             self.progress(sim);
         }
         let nq = sim.cfg.nqps;
+        // (Where logical queue pairs were before the map moves: the parts lost went there.)
+        let before = *self.qs.map();
+        let new = self.qs.send_account(r.dead).expect("a queue pair lives");
         let part_qp = &self.part_qp;
-        let resend = self.eng.fail_over(new & (1 << self.map[0]) != 0, |req, q| new & (1 << part_qp[req as usize][q]) != 0, r)?;
-        let parts = (0..nq).filter(|&q| new & (1 << self.map[q]) != 0).fold(0u32, |m, q| m | 1 << q);
+        let resend = self.eng.fail_over(new & (1 << before[0]) != 0, |req, q| new & (1 << part_qp[req as usize][q]) != 0, r)?;
+        let parts = (0..nq).filter(|&q| new & (1 << before[q]) != 0).fold(0u32, |m, q| m | 1 << q);
         if std::env::var("RIVET_SIM_TRACE").is_ok() {
             eprintln!("step {}: sender fails over parts {parts:#b}: {resend:?}", sim.steps);
         }
         if !resend.eager.is_empty() || !resend.rdv.is_empty() {
             RESENT.with(|c| c.set(c.get() + 1));
         }
-        self.synced |= r.dead;
-        self.map = remap_keeping(self.synced, nq, &self.map, false).expect("a queue pair lives");
         for (slot, _, hdr, req) in resend.eager {
             match (&self.inline_copy[slot], req) {
                 (Some(b), _) => {
@@ -316,17 +315,17 @@ impl Send {
     /// over are reset here too (the member is back), and their logical queue pairs move home
     /// once none of their parts is half posted where they are.
     pub(crate) fn on_recover(&mut self, sim: &mut Sim, qps: u32) {
-        let ok = qps & self.synced & self.qdead;
+        let ok = self.qs.send_may_take_back(qps);
         if std::env::var("RIVET_SIM_TRACE").is_ok() {
-            eprintln!("step {}: sender takes back {ok:#b} of {qps:#b} (synced {:#b}, map {:?})", sim.steps, self.synced, &self.map[..sim.cfg.nqps]);
+            eprintln!("step {}: sender takes back {ok:#b} of {qps:#b} (map {:?})", sim.steps, &self.qs.map()[..sim.cfg.nqps]);
         }
         if ok != 0 {
             RECOVERED.with(|c| c.set(c.get() + 1));
         }
         sim.revive(false, ok);
-        self.synced &= !ok;
-        self.qdead &= !ok;
-        self.switch_back(sim);
+        self.qs.taken_back(ok);
+        self.qs.send_took_back(ok);
+        self.switch_back();
         let at = oob_delay(sim);
         sim.to_recv.push_back((at, Notice::Recovered { qps: ok }));
         if qps & !ok != 0 {
@@ -334,20 +333,8 @@ impl Send {
         }
     }
 
-    pub(crate) fn switch_back(&mut self, sim: &Sim) {
-        let nq = sim.cfg.nqps;
-        let want = remap_keeping(self.synced, nq, &self.map, true).expect("a queue pair lives");
-        let open = self.eng.open_parts();
-        self.switching = false;
-        for (q, &w) in want.iter().enumerate().take(nq) {
-            if self.map[q] != w {
-                if open & (1 << q) == 0 {
-                    self.map[q] = w;
-                } else {
-                    self.switching = true;
-                }
-            }
-        }
+    pub(crate) fn switch_back(&mut self) {
+        self.switching = self.qs.send_home(self.eng.open_parts()).1;
     }
 
     /// NCCL's test on one request in flight (and the staging engine's copy moving on).
@@ -459,27 +446,27 @@ impl Recv {
 
     fn post_credit(&mut self, sim: &mut Sim, word: u64) {
         let ar = sim.cfg.ar.is_some() && !sim.cfg.ar_unsplit;
-        sim.post(true, self.map[0] as usize, (Mem::Fifo, FIFO_BYTES), vec![Src::Inline(word.to_le_bytes().to_vec())], None, ar.then_some(CREDIT_TAG));
+        sim.post(true, self.qs.carrier(0), (Mem::Fifo, FIFO_BYTES), vec![Src::Inline(word.to_le_bytes().to_vec())], None, ar.then_some(CREDIT_TAG));
         self.credit_inflight = ar;
     }
 
     fn post_cts(&mut self, sim: &mut Sim, p: &CtsPlan) {
         let bytes: Vec<u8> = p.entries[..p.n].iter().flat_map(cts_bytes).collect();
-        sim.post(true, self.map[p.q] as usize, (Mem::Fifo, p.slot * MAX_GROUP * 32), vec![Src::Inline(bytes)], None, None);
+        sim.post(true, self.qs.carrier(p.q), (Mem::Fifo, p.slot * MAX_GROUP * 32), vec![Src::Inline(bytes)], None, None);
     }
 
     /// Recovery, first half: the port of queue pairs `qps` is up again; those failed over are
     /// reset here and the sender is asked to take them back.
     pub(crate) fn ask_back(&mut self, sim: &mut Sim, qps: u32) {
-        let m = qps & self.qdead & !self.recovering;
+        let m = qps & self.qs.dead() & !self.qs.asked();
         if m != 0 {
             if std::env::var("RIVET_SIM_TRACE").is_ok() {
                 eprintln!("step {}: receiver asks back {m:#b}", sim.steps);
             }
             // Reset here (RTR): they can receive again, and may fail again, from now on.
             sim.revive(true, m);
-            self.qdead &= !m;
-            self.recovering |= m;
+            self.qs.taken_back(m);
+            self.qs.recv_asked(m);
             let at = oob_delay(sim);
             sim.to_send.push_back((at, Notice::Recover { qps: m }));
         }
@@ -487,18 +474,18 @@ impl Recv {
 
     /// Recovery, second half: the sender's answer.
     pub(crate) fn on_recovered(&mut self, sim: &mut Sim, qps: u32, yes: bool) {
-        let m = qps & self.recovering;
-        self.recovering &= !m;
+        let m = qps & self.qs.asked();
         if std::env::var("RIVET_SIM_TRACE").is_ok() {
             eprintln!("step {}: receiver hears {} for {m:#b}", sim.steps, if yes { "Recovered" } else { "NotRecovered" });
         }
         if yes {
             // Not onto one still being taken back (it cannot send yet).
-            self.map = remap_keeping(self.qdead | self.recovering, sim.cfg.nqps, &self.map, true).expect("a queue pair lives");
+            self.qs.recv_answered(m, 0, sim.steps);
+            self.qs.recv_home();
         } else {
             // Back to ERR: the sender never sent on them again.
             sim.err(true, m);
-            self.qdead |= m;
+            self.qs.recv_answered(0, m, sim.steps);
         }
     }
 
@@ -506,25 +493,25 @@ impl Recv {
     /// they will give is in, the account goes to the sender, and the clear-to-send groups and
     /// the credit word that may have been lost with them are written again on live ones.
     pub(crate) fn sees_dead(&mut self, sim: &mut Sim, mask: u32) -> Res<()> {
-        if mask & !self.qdead == 0 {
+        let new = mask & !self.qs.dead();
+        if new == 0 {
             return Ok(());
         }
         // In ERR from now on (as the sender's side).
-        sim.err(true, mask & !self.qdead);
-        self.qdead |= mask;
+        sim.err(true, new);
+        self.qs.fail(new);
         // Drained: every completion of the dead queue pairs is in.
         while !sim.recv_cq.is_empty() || !sim.ctrl_cq.is_empty() {
             self.progress(sim)?;
         }
-        let r = self.eng.resync(self.qdead);
+        // Not onto one being taken back: it cannot send until the sender has answered.
+        assert!(self.qs.recv_drained(new, sim.steps), "a queue pair lives");
+        let r = self.eng.resync(self.qs.dead());
         if std::env::var("RIVET_SIM_TRACE").is_ok() {
             eprintln!("step {}: receiver resync {r:?}, cts {:?}", sim.steps, self.eng.cts_outstanding());
         }
         let at = oob_delay(sim);
         sim.to_send.push_back((at, Notice::Resync(r)));
-        self.recovering &= !mask;
-        // Not onto one being taken back: it cannot send until the sender has answered.
-        self.map = remap_keeping(self.qdead | self.recovering, sim.cfg.nqps, &self.map, false).expect("a queue pair lives");
         for (_, p) in self.eng.cts_outstanding() {
             self.post_cts(sim, &p);
         }

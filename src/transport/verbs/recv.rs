@@ -7,7 +7,7 @@ use super::nic::{Nic, Verbs};
 use super::res::{Part, QpRts};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
-use crate::proto::verbs::{cts_stride, fifo_bytes, remap_keeping, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use crate::proto::verbs::{cts_stride, fifo_bytes, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
 use super::fuse::{member_of, MAX_MEMBERS};
 
 mod failover;
@@ -75,8 +75,6 @@ pub struct VerbsRecv<N: Nic = Verbs> {
     /// pair and place in its send queue in `credit_at`.
     ar: bool,
     credit_at: Option<(usize, u64)>,
-    /// Which queue pair carries each logical one's writes (after queue pairs failed).
-    map: [u8; MAX_QPS],
     in_failover: bool,
     /// The last idle moment found nothing to do and nothing happened since (see `idle`).
     calm: bool,
@@ -87,9 +85,7 @@ pub struct VerbsRecv<N: Nic = Verbs> {
     /// receives alone, then the credit word.
     rewrites: std::collections::VecDeque<Rewrite>,
     rewrite_by: u64,
-    /// Recovery: failed queue pairs reset on this side (in RTR, receives posted), the sender
-    /// asked to take them back; and when recovery was last looked at (coarse ms).
-    recovering: u32,
+    /// When recovery was last looked at (coarse ms).
     recovery_checked: u64,
     /// Each receive's keys of its buffers on every member (a fused receiver's CTS entries carry
     /// them), to write its CTS group again after a failover.
@@ -147,13 +143,11 @@ impl<N: Nic> VerbsRecv<N> {
             rem_members,
             ar: c.adaptive_routing(),
             credit_at: None,
-            map: std::array::from_fn(|q| q as u8),
             in_failover: false,
             calm: false,
             draining: None,
             rewrites: std::collections::VecDeque::new(),
             rewrite_by: 0,
-            recovering: 0,
             recovery_checked: 0,
             keys: vec![[CtsKeys::default(); MAX_GROUP]; RECV_REQS].into_boxed_slice(),
             eng,
@@ -264,7 +258,7 @@ impl<N: Nic> VerbsRecv<N> {
     /// Write the credit word due, if one is and there is room for it.
     fn write_credit(&mut self) -> Result<()> {
         // A credit lets the sender fill ring slots again: each takes a posted receive.
-        let q0 = self.map[0] as usize;
+        let q0 = self.c.qs.carrier(0);
         if !self.eng.credit_pending() || self.book.room(q0) == 0 || !self.recvs_cover(q0, 0)? {
             return Ok(()); // none due, or it stays due
         }
@@ -291,7 +285,7 @@ impl<N: Nic> VerbsRecv<N> {
         unsafe { w.add(1).write(word) };
         let scratch = self.scratch;
         let credit = self.rem_fifo_addr + fifo_bytes(self.c.ports.len()) as u64;
-        let q0 = self.map[0] as usize;
+        let q0 = self.c.qs.carrier(0);
         self.post_ctrl(q0, scratch.addr() + 8, |m| scratch.lkey_on(m), 8, credit, self.ar)?;
         if self.ar && !self.gone(q0) {
             self.credit_at = Some((q0, self.book.last_place(q0)));
@@ -301,7 +295,7 @@ impl<N: Nic> VerbsRecv<N> {
 
     /// Whether queue pair `q` failed (or is being taken back: in RTR, it cannot send yet).
     fn gone(&self, q: usize) -> bool {
-        (self.c.qs.down() | self.recovering) & (1 << q) != 0
+        self.c.qs.recv_gone() & (1 << q) != 0
     }
 
     /// Nothing moved: liveness, the device's events and the peer's notices, and a failover
@@ -339,7 +333,7 @@ impl<N: Nic> VerbsRecv<N> {
             && self.copies.is_empty()
             && self.c.quiet()
             && self.c.qs.dead() == 0
-            && self.recovering == 0
+            && self.c.qs.asked() == 0
             && self.posted_recvs[..self.qps.len()].iter().all(|&p| p > low);
         Ok(())
     }
@@ -426,7 +420,7 @@ impl<N: Nic> VerbsRecv<N> {
             }
             let out = self.cts_out;
             let remote = self.rem_fifo_addr + (slot * MAX_GROUP * stride) as u64;
-            let q = self.map[pq] as usize;
+            let q = self.c.qs.carrier(pq);
             let inline = self.post_ctrl(q, out.addr() + off as u64, |m| out.lkey_on(m), pn * stride, remote, false)?;
             self.cts_reading[stage] = if inline { None } else { Some((q as u8, self.book.last_place(q))) };
         }
@@ -607,7 +601,7 @@ impl<N: Nic> Conn for VerbsRecv<N> {
 
     fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
         let ar_split = self.ar && size > self.c.set.ar_threshold;
-        super::conn::plan_events::<N>(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar_split, out);
+        super::conn::plan_events::<N>(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, self.c.qs.map(), self.c.ports.len(), ar_split, out);
     }
 }
 

@@ -6,7 +6,7 @@ use super::nic::{Nic, NicPort, Verbs};
 use super::res::Part;
 use crate::error::Result;
 use crate::proto::send::{Close, RdvStep, Resend, RingSpec, SendEngine, SendPlan, SEND_REQS};
-use crate::proto::verbs::{cts_stride, fifo_bytes, remap_keeping, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_DATA, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
+use crate::proto::verbs::{cts_stride, fifo_bytes, Cts, CtsKeys, EagerHdr, Imm, Notice, EAGER_DATA, EAGER_HDR, FIFO_DEPTH, MAX_GROUP, MAX_QPS};
 use super::fuse::{member_of, MAX_MEMBERS};
 use crate::sys::ib::*;
 use crate::transport::{path_of, Conn, Lent, MrInfo, Path, MAX_RECVS};
@@ -70,12 +70,8 @@ pub struct VerbsSend<N: Nic = Verbs> {
     local: Box<[(u64, [u32; MAX_MEMBERS], bool)]>,
     /// Bytes of each request slot's rendezvous send that can be read so far.
     ready: Box<[usize]>,
-    /// Which queue pair carries each logical one's traffic (after queue pairs failed), and the
-    /// failed queue pairs whose loss the receiver's account has been applied for.
-    map: [u8; MAX_QPS],
     /// Room one send needs on each queue pair (see `remapped`).
     need: [u32; MAX_QPS],
-    synced: u32,
     in_failover: bool,
     /// A failover's queue pairs draining (in ERR, their markers posted), and what follows.
     draining: Option<(Drain, AfterDrain)>,
@@ -148,9 +144,7 @@ impl<N: Nic> VerbsSend<N> {
             eng,
             local: vec![(0, [0; MAX_MEMBERS], false); SEND_REQS].into_boxed_slice(),
             ready: vec![0; SEND_REQS].into_boxed_slice(),
-            map: std::array::from_fn(|q| q as u8),
             need: [MAX_POST; MAX_QPS],
-            synced: 0,
             in_failover: false,
             draining: None,
             resend_eager: std::collections::VecDeque::new(),
@@ -265,7 +259,7 @@ impl<N: Nic> VerbsSend<N> {
         let size = if h.flags & EAGER_DATA != 0 { h.size as usize } else { 0 };
         let split = self.eng.ar_split(EAGER_HDR + size);
         let inline = !split && !on_gpu && EAGER_HDR + size <= self.inline_room;
-        if inline && self.book.signals_next(self.map[0] as usize) {
+        if inline && self.book.signals_next(self.c.qs.carrier(0)) {
             // This one will be signaled: reap the completions before it first. Nothing else
             // polls a stream of inline sends (each is done once posted), and their send queue
             // slots come back only when a completion after them is polled. Before the work
@@ -282,7 +276,7 @@ impl<N: Nic> VerbsSend<N> {
         // slot, or the announcement's, is ours until its write completes).
         unsafe { hp.write(h) };
         // Logical queue pair 0 (queue pair 0 until it fails): our member lm to the receiver's rm.
-        let q = self.map[0] as usize;
+        let q = self.c.qs.carrier(0);
         let (lm, rm) = (member_of(q, self.c.ports.len()), member_of(q, self.rem_members));
         self.c.member_bytes[lm] += size as u64;
         self.sges[0] = ibv_sge { addr: hp as u64, length: EAGER_HDR as u32, lkey: self.hdrs.lkey_on(lm) };
@@ -347,7 +341,7 @@ impl<N: Nic> VerbsSend<N> {
             let s = self.steps[i];
             // Part s.part goes on logical queue pair s.q, which runs on queue pair q (itself,
             // until it fails): our member q % ln (its lkey) to the receiver's q % rn (its rkey).
-            let q = self.map[s.q] as usize;
+            let q = self.c.qs.carrier(s.q);
             self.part_qp[req as usize][s.part] = q as u8;
             let (lm, rm) = (member_of(q, ln), member_of(q, rn));
             let mut n = 0;
@@ -443,7 +437,7 @@ impl<N: Nic> VerbsSend<N> {
         self.need = [MAX_POST; MAX_QPS];
         let most = self.book.most_room();
         for q in 0..nq {
-            let carried = self.map[..nq].iter().filter(|&&p| p as usize == q).count() as u32;
+            let carried = self.c.qs.carried(q) as u32;
             self.need[q] = (MAX_POST * carried.max(1)).min(most);
         }
     }
@@ -578,7 +572,7 @@ impl<N: Nic> Conn for VerbsSend<N> {
 
     fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
         let ar_split = self.eng.ar_split(size);
-        super::conn::plan_events::<N>(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, &self.map, self.c.ports.len(), ar_split, out);
+        super::conn::plan_events::<N>(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, self.c.qs.map(), self.c.ports.len(), ar_split, out);
     }
 
     fn has_deferred(&self) -> bool {

@@ -22,7 +22,7 @@ impl<N: Nic> VerbsRecv<N> {
         if self.c.failover_due() {
             self.fail_over()?;
         }
-        if self.c.qs.dead() != 0 && self.recovering == 0 && !self.c.failing() {
+        if self.c.qs.dead() != 0 && self.c.qs.asked() == 0 && !self.c.failing() {
             let now = N::now_ms();
             if now.saturating_sub(self.recovery_checked) >= 50 {
                 self.recovery_checked = now;
@@ -63,7 +63,7 @@ impl<N: Nic> VerbsRecv<N> {
             // They can receive again, and may fail again, from now on (not yet sent on: the map
             // moves when the sender answers).
             self.c.taken_back(ok);
-            self.recovering |= ok;
+            self.c.qs.recv_asked(ok);
             self.c.notify(&Notice::Recover { qps: ok })?;
         }
         Ok(())
@@ -73,9 +73,9 @@ impl<N: Nic> VerbsRecv<N> {
     /// get their own traffic back (the credit word stays where it went: it must arrive in
     /// order on one queue pair); those it could not go back to ERR, to be tried again later.
     pub(super) fn took_back(&mut self, yes: u32, no: u32) -> Result<()> {
-        // Only those still being taken back (one failed again meanwhile is failed over).
-        let (yes, no) = (yes & self.recovering, no & self.recovering);
-        self.recovering &= !(yes | no);
+        // Only those still being taken back (one failed again meanwhile is failed over); those
+        // it could not take back are failed over again, its side still in ERR.
+        let (yes, no) = self.c.qs.recv_answered(yes, no, N::now_ms());
         let (nq, ln) = (self.qps.len(), self.c.ports.len());
         for q in (0..nq).filter(|&q| no & (1 << q) != 0) {
             // To RESET (the sender never sent on it again: nothing to drain; its receives are
@@ -83,8 +83,6 @@ impl<N: Nic> VerbsRecv<N> {
             // sender's side stays in ERR: no need to wait for its word again.
             let _ = N::to_reset(&self.qps[q], self.c.ports[member_of(q, ln)]);
         }
-        self.c.failed_over(no);
-        self.c.qs.peer_named(no);
         let mut ok = 0u32;
         for q in (0..nq).filter(|&q| yes & (1 << q) != 0) {
             let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
@@ -100,14 +98,12 @@ impl<N: Nic> VerbsRecv<N> {
                 }
             }
         }
-        if let Some(map) = remap_keeping(self.c.qs.down() | self.recovering, nq, &self.map, true) {
-            self.map = map;
-        }
+        self.c.qs.recv_home();
         if ok != 0 {
             log::info!(
                 "NET/rivet: {}: took back queue pair(s) {ok:#x} (NCCL_IB_RESILIENCY_PORT_RECOVERY); logical queue pairs now on {:?}",
                 self.c.where_(0),
-                &self.map[..nq]
+                &self.c.qs.map()[..nq]
             );
         }
         Ok(())
@@ -197,14 +193,11 @@ impl<N: Nic> VerbsRecv<N> {
     /// Queue pairs `new` are drained: the sender gets the account, and the clear-to-send
     /// entries of the incomplete receives and the credit word are queued to be written again.
     pub(super) fn drained(&mut self, new: u32) -> Result<()> {
-        self.c.failed_over(new);
-        self.recovering &= !new;
         let (nq, ln) = (self.qps.len(), self.c.ports.len());
         // Not onto one being taken back (in RTR, it cannot send until the sender has answered).
-        let Some(map) = remap_keeping(self.c.qs.dead() | self.recovering, nq, &self.map, false) else {
+        if !self.c.qs.recv_drained(new, N::now_ms()) {
             return Err(self.c.die(Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
-        };
-        self.map = map;
+        }
         let account = self.eng.resync(self.c.qs.dead());
         let (nrecvs, ring) = (account.recvs.len(), account.ring_arrived);
         self.c.notify(&Notice::Resync(account))?;
@@ -221,7 +214,7 @@ impl<N: Nic> VerbsRecv<N> {
         self.rewrites.clear();
         let stride = cts_stride(ln);
         for (req, p) in self.eng.cts_outstanding() {
-            let q = self.map[p.q] as usize;
+            let q = self.c.qs.carrier(p.q);
             for (i, e) in p.entries[..p.n].iter().enumerate() {
                 let mut b = [0u8; 64];
                 if ln > 1 {
@@ -240,7 +233,7 @@ impl<N: Nic> VerbsRecv<N> {
         log::info!(
             "NET/rivet: {}: failed over queue pair(s) {new:#x}: told the sender what arrived ({ring} eager slots, {nrecvs} receive(s) in flight); its clear-to-send entries and the credit are written again; logical queue pairs now on {:?}",
             self.c.where_(0),
-            &self.map[..nq]
+            &self.c.qs.map()[..nq]
         );
         self.post_rewrites()
     }
@@ -251,7 +244,7 @@ impl<N: Nic> VerbsRecv<N> {
         while let Some(&r) = self.rewrites.front() {
             let q = match r {
                 Rewrite::Entry { q, .. } => q,
-                Rewrite::Credit => self.map[0] as usize,
+                Rewrite::Credit => self.c.qs.carrier(0),
             };
             // Not on a queue pair that failed meanwhile (dropped, as its flush would; the next
             // failover writes it again), and so not into a staging copy the NIC may still read

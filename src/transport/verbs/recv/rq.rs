@@ -71,7 +71,7 @@ impl<N: Nic> VerbsRecv<N> {
         // the others back. Then it waits for all its receives, and an excess write is retried
         // by the sender's NIC, not lost (rnr_retry 7). A new receive (`more`) on a queue pair of
         // its own is admitted only if its writes fit.
-        let carried = self.map[..self.qps.len()].iter().filter(|&&p| p as usize == q).count().max(1);
+        let carried = self.c.qs.carried(q).max(1);
         let need = RING_SLOTS + (self.eng.rdv_owed() + more) * carried;
         let need = if carried > 1 || more == 0 { need.min(self.rq as usize) } else { need };
         if (self.posted_recvs[q] as usize) < need && self.posted_recvs[q] < self.rq {

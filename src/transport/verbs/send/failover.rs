@@ -81,21 +81,11 @@ impl<N: Nic> VerbsSend<N> {
     /// Move logical queue pairs back to the queue pairs taken back, each once none of its parts
     /// is half posted on the one it moved to.
     pub(super) fn switch_back(&mut self) {
-        let nq = self.qps.len();
-        let Some(want) = remap_keeping(self.synced, nq, &self.map, true) else { return };
-        let open = self.eng.open_parts();
-        let mut pending = false;
-        for (q, &w) in want.iter().enumerate().take(nq) {
-            if self.map[q] != w {
-                if open & (1 << q) == 0 {
-                    self.map[q] = w;
-                    self.remapped();
-                } else {
-                    pending = true;
-                }
-            }
+        let (moved, waiting) = self.c.qs.send_home(self.eng.open_parts());
+        if moved {
+            self.remapped();
         }
-        self.switching = pending;
+        self.switching = waiting;
     }
 
     /// The receiver has reset its side of failed queue pairs `asked` and can receive on them:
@@ -105,7 +95,7 @@ impl<N: Nic> VerbsSend<N> {
     pub(super) fn take_back(&mut self, asked: u32) -> Result<()> {
         let (nq, ln) = (self.qps.len(), self.c.ports.len());
         let mut ok = 0u32;
-        let eligible = asked & self.c.qs.dead() & self.synced;
+        let eligible = self.c.qs.send_may_take_back(asked);
         for q in (0..nq).filter(|&q| eligible & (1 << q) != 0 && self.c.port_up(q)) {
             let (port, l) = (self.c.ports[member_of(q, ln)], self.c.links[q]);
             match N::reset_to_rtr(&self.qps[q], port, &l).and_then(|_| N::back_to_rts(&self.qps[q], port, &l)) {
@@ -115,7 +105,7 @@ impl<N: Nic> VerbsSend<N> {
             self.book.reset(q);
         }
         self.c.taken_back(ok);
-        self.synced &= !ok;
+        self.c.qs.send_took_back(ok);
         self.switch_back();
         if ok != 0 {
             self.c.notify(&Notice::Recovered { qps: ok })?;
@@ -123,7 +113,7 @@ impl<N: Nic> VerbsSend<N> {
             log::info!(
                 "NET/rivet: {}: took back queue pair(s) {ok:#x} (NCCL_IB_RESILIENCY_PORT_RECOVERY); logical queue pairs now on {:?}; bytes sent per member so far: {}",
                 self.c.where_(0),
-                &self.map[..nq],
+                &self.c.qs.map()[..nq],
                 per.join(", ")
             );
         }
@@ -136,27 +126,25 @@ impl<N: Nic> VerbsSend<N> {
     /// Apply the receiver's account of what arrived: for the queue pairs it names that no
     /// earlier account did, the engine completes what arrived and says what to post again.
     pub(super) fn apply_account(&mut self, r: crate::proto::verbs::Resync) -> Result<()> {
-        let newly = r.dead & !self.synced;
-        if newly == 0 {
-            return Ok(());
-        }
+        // (Logical queue pair 0's carrier before the map moves: the eager writes went there.)
+        let q0 = self.c.qs.carrier(0);
+        let newly = match self.c.qs.send_account(r.dead) {
+            Some(0) => return Ok(()),
+            Some(newly) => newly,
+            None => return Err(self.c.die(crate::error::Error::remote(format!("{}: every queue pair failed", self.c.where_(0))))),
+        };
         let nq = self.qps.len();
         let part_qp = &self.part_qp;
         let lost = |req: u16, q: usize| newly & (1 << part_qp[req as usize][q]) != 0;
-        let eager_lost = newly & (1 << self.map[0]) != 0;
+        let eager_lost = newly & (1 << q0) != 0;
         let resend = self.eng.fail_over(eager_lost, lost, &r).map_err(|e| self.c.proto(e))?;
-        self.synced |= r.dead;
-        let Some(map) = remap_keeping(self.synced, nq, &self.map, false) else {
-            return Err(self.c.die(crate::error::Error::remote(format!("{}: every queue pair failed", self.c.where_(0)))));
-        };
-        self.map = map;
         self.remapped();
         log::info!(
             "NET/rivet: {}: failed over queue pair(s) {newly:#x}: the receiver's account (from its out-of-band notice) asks for {} eager and {} rendezvous send(s) again; logical queue pairs now on {:?}",
             self.c.where_(0),
             resend.eager.len(),
             resend.rdv.len(),
-            &self.map[..nq]
+            &self.c.qs.map()[..nq]
         );
         self.resend(resend, eager_lost)
     }
@@ -213,7 +201,7 @@ impl<N: Nic> VerbsSend<N> {
         while let Some(&(slot, hdr_slot, hdr, req)) = self.resend_eager.front() {
             // (Not for a queue pair that fails meanwhile: the post is dropped, and the next
             // failover's account asks for it again.)
-            let q0 = self.map[0] as usize;
+            let q0 = self.c.qs.carrier(0);
             if !self.gone(q0) && self.book.room(q0) < MAX_POST {
                 if N::now_ms() > self.resend_by {
                     return Err(self.c.drain_timeout(0));
@@ -225,7 +213,7 @@ impl<N: Nic> VerbsSend<N> {
             match (copy, req) {
                 (Some((len, bytes)), _) => {
                     // Its bytes were in the work request, and are in the copy: inline again.
-                    let q = self.map[0] as usize;
+                    let q = self.c.qs.carrier(0);
                     let remote = self.ring.addr + (slot * slot_bytes(self.ring.eager_max)) as u64;
                     self.sges[0] = ibv_sge { addr: bytes.as_ptr() as u64, length: len as u32, lkey: 0 };
                     self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE_WITH_IMM, KIND_CTRL << KIND_SHIFT, remote, self.ring.rkeys[member_of(q, self.rem_members)], 1);
