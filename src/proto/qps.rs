@@ -56,6 +56,49 @@ pub enum Refused {
     GiveUp { tries: u32 },
 }
 
+/// A failed completion's status, as failover tells them apart (the shell maps the device's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// WR_FLUSH_ERR: the queue pair is in ERR.
+    Flushed,
+    /// RETRY_EXC_ERR: the transport gave up (the link or the peer is gone).
+    RetryExceeded,
+    /// RNR_RETRY_EXC_ERR.
+    RnrRetryExceeded,
+    /// LOC_QP_OP_ERR: could not send (Soft-RoCE's word for a port whose netdev is down).
+    LocalQpOp,
+    /// Anything else: a bug of one side (REM_ACCESS_ERR, LOC_PROT_ERR, ...).
+    Other,
+}
+
+/// Where a failed completion came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Data queue pair `q`.
+    Data(usize),
+    /// The flush queue pair of a member (GPUDirect receives' flush reads).
+    Flush,
+    /// None of the comm's.
+    Unknown,
+}
+
+/// What a failed completion calls for (`QpStates::on_fault`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnFault {
+    /// Nothing more: a queue pair failed over (or awaiting its verdict) flushing its queue.
+    Ignore,
+    /// Wait (at later calls, up to the shell's bound) for its port to say whether it went down:
+    /// failed over if it did, the comm's error if not.
+    AwaitPort,
+    /// Fail over the data queue pair (`Source::Data`) or every data queue pair of the flush
+    /// queue pair's member, whose read counts as done.
+    FailOver,
+    /// The comm's error, once the port's state names its cause (or the shell's bound is over).
+    AwaitCause,
+    /// The comm's error now.
+    Die,
+}
+
 /// A failover's drain of queue pairs `mask`, looked at each call (`QpStates::drain_state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Drain {
@@ -332,6 +375,35 @@ impl QpStates {
             self.flushed[q] = self.flushed[q].saturating_add(1);
         }
         self.dead & (1 << q) != 0
+    }
+
+    /// A failed completion with `fault` from `src`, on a comm that fails over (`failover`: on,
+    /// and a queue pair to fail over to) or not; `awaiting`: its queue pair waits for its port's
+    /// verdict already. As net_ib's resiliency: a queue pair whose transport gave up or that was
+    /// flushed fails over; so does one that could not send because its port is down
+    /// (`port_down`: seen down, or down and up again since the comm began: a flap); any other
+    /// status is a bug of one side. A failure a dead link causes may show its cause only a moment
+    /// later (`cause_known`: the port's state or an event names it). `port_down` and
+    /// `cause_known` are asked only where the answer matters (each looks at the device).
+    pub fn on_fault(&mut self, fault: Fault, src: Source, failover: bool, awaiting: bool, port_down: impl Fn() -> bool, cause_known: impl Fn() -> bool) -> OnFault {
+        if let Source::Data(q) = src {
+            if self.flushed(q) || awaiting {
+                return OnFault::Ignore;
+            }
+        }
+        let op_err = failover && fault == Fault::LocalQpOp;
+        let down = op_err && port_down();
+        if op_err && !down && matches!(src, Source::Data(_)) {
+            return OnFault::AwaitPort;
+        }
+        let recoverable = matches!(fault, Fault::RetryExceeded | Fault::Flushed) || down;
+        if failover && recoverable && src != Source::Unknown {
+            return OnFault::FailOver;
+        }
+        if matches!(fault, Fault::RetryExceeded | Fault::RnrRetryExceeded) && !cause_known() {
+            return OnFault::AwaitCause;
+        }
+        OnFault::Die
     }
 
     /// The drain marker of queue pair `q` completed: everything posted on it before is polled.
@@ -627,6 +699,34 @@ mod tests {
         assert_eq!(&s.map()[..3], &[0, 1, 0]);
         assert_eq!(s.send_home(0), (true, false));
         assert_eq!(&s.map()[..3], &[0, 1, 2]);
+    }
+
+    #[test]
+    fn a_failed_completion_fails_over_waits_for_its_port_or_kills_the_comm() {
+        use Fault::*;
+        let yes = || true;
+        let no = || false;
+        let mut s = states(2);
+        assert_eq!(s.on_fault(RetryExceeded, Source::Data(0), true, false, no, no), OnFault::FailOver);
+        assert_eq!(s.on_fault(Flushed, Source::Data(1), true, false, no, no), OnFault::FailOver);
+        assert_eq!(s.on_fault(Flushed, Source::Flush, true, false, no, no), OnFault::FailOver, "a flush queue pair's member fails over");
+        assert_eq!(s.on_fault(Flushed, Source::Unknown, true, false, no, yes), OnFault::Die, "not the comm's: nothing to fail over");
+        // LOC_QP_OP_ERR: the port's word decides.
+        assert_eq!(s.on_fault(LocalQpOp, Source::Data(0), true, false, no, no), OnFault::AwaitPort);
+        assert_eq!(s.on_fault(LocalQpOp, Source::Data(0), true, false, yes, no), OnFault::FailOver, "down, or flapped");
+        assert_eq!(s.on_fault(LocalQpOp, Source::Data(0), true, true, yes, no), OnFault::Ignore, "awaiting its verdict already");
+        assert_eq!(s.on_fault(LocalQpOp, Source::Flush, true, false, no, yes), OnFault::Die, "a flush queue pair's is judged at once");
+        assert_eq!(s.on_fault(LocalQpOp, Source::Data(0), false, false, yes, yes), OnFault::Die, "no failover: a bug of one side");
+        // Without failover, a dead link's error waits for its cause.
+        assert_eq!(s.on_fault(RetryExceeded, Source::Data(0), false, false, no, no), OnFault::AwaitCause);
+        assert_eq!(s.on_fault(RnrRetryExceeded, Source::Data(0), true, false, no, no), OnFault::AwaitCause, "RNR is not a link's failure");
+        assert_eq!(s.on_fault(RetryExceeded, Source::Data(0), false, false, no, yes), OnFault::Die);
+        assert_eq!(s.on_fault(Other, Source::Data(0), true, false, yes, yes), OnFault::Die);
+        // A queue pair failed over flushes its queue: nothing more.
+        s.fail(0b01);
+        s.failed_over(0b01, 1);
+        assert_eq!(s.on_fault(Other, Source::Data(0), true, false, yes, yes), OnFault::Ignore);
+        assert_eq!(s.flushed_counts()[0], 10, "every failed completion of queue pair 0 counted");
     }
 
     #[test]

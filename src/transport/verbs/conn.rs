@@ -17,7 +17,7 @@
 use super::nic::{Nic, NicPort, Verbs};
 use crate::error::{Error, Kind, Result};
 use crate::transport::oob::pulse::{self as oob, PeerState};
-use crate::proto::qps::{QpStates, Recovery};
+use crate::proto::qps::{Fault, OnFault, QpStates, Recovery, Source};
 use crate::proto::verbs::{Mismatch, Notice, EAGER_HDR, MAX_NOTICE};
 use crate::proto::{Explain, ProtoError};
 use crate::sys::ib::*;
@@ -486,49 +486,57 @@ impl<N: Nic> Common<N> {
             }
             let m = self.wc_member[i] as usize;
             let at = self.qpns[..self.nqpns].iter().zip(&self.qp_member).position(|(&q, &qm)| q == wc.qp_num && qm as usize == m);
-            if let Some(q) = at.filter(|&q| q < self.ndata) {
-                if self.qs.flushed(q) || self.verdicts.iter().any(|v| v.q == q) {
-                    continue; // flushed from a queue pair already failed over, or awaiting its verdict
+            let src = match at {
+                Some(q) if q < self.ndata => Source::Data(q),
+                Some(_) => Source::Flush,
+                None => Source::Unknown,
+            };
+            let fault = match wc.status {
+                IBV_WC_WR_FLUSH_ERR => Fault::Flushed,
+                IBV_WC_RETRY_EXC_ERR => Fault::RetryExceeded,
+                IBV_WC_RNR_RETRY_EXC_ERR => Fault::RnrRetryExceeded,
+                IBV_WC_LOC_QP_OP_ERR => Fault::LocalQpOp,
+                _ => Fault::Other,
+            };
+            let awaiting = matches!(src, Source::Data(q) if self.verdicts.iter().any(|v| v.q == q));
+            // The port's word, asked only where it decides (each looks at the device).
+            let (port, was) = (self.member_port(m), self.downs_at(m));
+            let down = || failover::port_down(port) || port.downs() != was;
+            let known = || failover::cause_on(port, wc.qp_num).is_some();
+            match self.qs.on_fault(fault, src, self.failover, awaiting, down, known) {
+                OnFault::Ignore => {} // flushed from a queue pair already failed over, or awaiting its verdict
+                OnFault::AwaitPort => {
+                    // Soft-RoCE fails a send with LOC_QP_OP_ERR as soon as its netdev is down,
+                    // which the port's state and PORT_ERR event may show a moment later: the
+                    // queue pair waits for that verdict (at later calls, for at most CAUSE_WAIT).
+                    if let Source::Data(q) = src {
+                        self.verdicts.push(Verdict { wc, m, q, until: N::now_ms() + CAUSE_WAIT.as_millis() as u64 });
+                        self.pending = true;
+                    }
                 }
-            }
-            // As net_ib's resiliency: a queue pair whose transport gave up (the link or the
-            // port is gone) or that was flushed fails over; so does one that could not send
-            // because its port is down (Soft-RoCE's way to report it). Any other error is a bug
-            // of one side.
-            // Soft-RoCE fails a send with LOC_QP_OP_ERR as soon as its netdev is down, which the
-            // port's state and PORT_ERR event may show a moment later: a data queue pair's
-            // waits for that verdict (at later calls, for at most CAUSE_WAIT).
-            let op_err = self.failover && wc.status == IBV_WC_LOC_QP_OP_ERR;
-            if let (true, Some(q)) = (op_err, at.filter(|&q| q < self.ndata)) {
-                if !self.member_down(m) && !self.flapped(m) {
-                    self.verdicts.push(Verdict { wc, m, q, until: N::now_ms() + CAUSE_WAIT.as_millis() as u64 });
+                OnFault::FailOver => {
+                    let e = self.wc_error(&wc, m);
+                    if let Source::Data(q) = src {
+                        self.mark_failed(1 << q, &e.to_string());
+                    } else {
+                        // A flush queue pair: its member's data queue pairs fail over, and the
+                        // read counts as done (its caller sees its id).
+                        self.mark_failed(self.on_member(m), &e.to_string());
+                        self.wc[i].wr_id = wc.wr_id;
+                    }
+                }
+                OnFault::AwaitCause => {
+                    // The port's state may show a dead link's cause only a moment later: the
+                    // comm takes nothing new from now on, and its error waits for the cause (at
+                    // later calls, for at most CAUSE_WAIT) before it blames the peer.
+                    self.dying = Some((wc, m, N::now_ms() + CAUSE_WAIT.as_millis() as u64));
                     self.pending = true;
-                    continue;
+                }
+                OnFault::Die => {
+                    let e = self.wc_error(&wc, m);
+                    self.die(e);
                 }
             }
-            let recoverable = matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_WR_FLUSH_ERR) || (op_err && (self.member_down(m) || self.flapped(m)));
-            if let (true, true, Some(q)) = (self.failover, recoverable, at) {
-                let e = self.wc_error(&wc, m);
-                if q < self.ndata {
-                    self.mark_failed(1 << q, &e.to_string());
-                } else {
-                    // A flush queue pair: its member's data queue pairs fail over, and the read
-                    // counts as done (its caller sees its id).
-                    self.mark_failed(self.on_member(m), &e.to_string());
-                    self.wc[i].wr_id = wc.wr_id;
-                }
-                continue;
-            }
-            // A failure a dead link causes may show its cause (the port's state) only a moment
-            // later: the comm takes nothing new from now on, and its error waits for the cause
-            // (at later calls, for at most CAUSE_WAIT) before it blames the peer.
-            if matches!(wc.status, IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR) && self.cause(&wc, m).is_none() {
-                self.dying = Some((wc, m, N::now_ms() + CAUSE_WAIT.as_millis() as u64));
-                self.pending = true;
-                continue;
-            }
-            let e = self.wc_error(&wc, m);
-            self.die(e);
         }
         Ok(n)
     }

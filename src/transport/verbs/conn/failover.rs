@@ -135,32 +135,30 @@ impl<N: Nic> Common<N> {
 
     /// What the device says caused a failed completion on member `m`, if anything yet.
     pub(in crate::transport::verbs) fn cause(&self, wc: &ibv_wc, m: usize) -> Option<String> {
-        let port = self.ports.get(m).copied().unwrap_or(self.port);
-        port.poll_events();
-        if let Some((_, ev)) = port.qp_event(std::iter::once(wc.qp_num)) {
-            Some(format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev)))
-        } else if port.seen_down() {
-            Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", port.dev_name(), port.num()))
-        } else {
-            // The event may not have been delivered yet: ask the port itself.
-            let state = port.state().filter(|s| *s != "ACTIVE")?;
-            Some(format!("; cause: the port {}:{} is {state}: check the link and the switch", port.dev_name(), port.num()))
-        }
+        cause_on(self.member_port(m), wc.qp_num)
+    }
+
+    /// Member `m`'s port.
+    pub(in crate::transport::verbs) fn member_port(&self, m: usize) -> &'static N::Port {
+        self.ports.get(m).copied().unwrap_or(self.port)
     }
 
     /// Whether member `m`'s port is seen down (its PORT_ERR event, or its state).
     pub(in crate::transport::verbs) fn member_down(&self, m: usize) -> bool {
-        let port = self.ports.get(m).copied().unwrap_or(self.port);
-        port.poll_events();
-        port.seen_down() || port.state().is_some_and(|s| s != "ACTIVE")
+        port_down(self.member_port(m))
+    }
+
+    /// Member `m`'s PORT_ERR count when the comm began or last took a queue pair of it back
+    /// (see `flapped`).
+    pub(in crate::transport::verbs) fn downs_at(&self, m: usize) -> u32 {
+        self.downs_at.get(m).copied().unwrap_or(0)
     }
 
     /// Whether member `m`'s port went down since the comm began or last took a queue pair of it
     /// back, though it may be up again now (a flap shorter than the time between two looks): a
     /// LOC_QP_OP_ERR from then is the port's, not a bug's.
     pub(in crate::transport::verbs) fn flapped(&self, m: usize) -> bool {
-        let port = self.ports.get(m).copied().unwrap_or(self.port);
-        port.downs() != self.downs_at.get(m).copied().unwrap_or(0)
+        self.member_port(m).downs() != self.downs_at(m)
     }
 
     /// The data queue pairs on member `m` (bit q).
@@ -251,4 +249,25 @@ impl<N: Nic> Common<N> {
         ));
         self.die(e)
     }
+}
+
+/// What the device says about queue pair `qpn` or port `port`, as the cause of a failed
+/// completion, if anything yet.
+pub(in crate::transport::verbs) fn cause_on<P: NicPort>(port: &P, qpn: u32) -> Option<String> {
+    port.poll_events();
+    if let Some((_, ev)) = port.qp_event(std::iter::once(qpn)) {
+        Some(format!("; cause: asynchronous event {ev} on this QP: {}", event_hint(ev)))
+    } else if port.seen_down() {
+        Some(format!("; cause: the port {}:{} is down (PORT_ERR): check the link and the switch", port.dev_name(), port.num()))
+    } else {
+        // The event may not have been delivered yet: ask the port itself.
+        let state = port.state().filter(|s| *s != "ACTIVE")?;
+        Some(format!("; cause: the port {}:{} is {state}: check the link and the switch", port.dev_name(), port.num()))
+    }
+}
+
+/// Whether `port` is seen down (its PORT_ERR event, or its state).
+pub(in crate::transport::verbs) fn port_down<P: NicPort>(port: &P) -> bool {
+    port.poll_events();
+    port.seen_down() || port.state().is_some_and(|s| s != "ACTIVE")
 }
