@@ -78,7 +78,7 @@ fn eager_copies_into_gpu_memory_finish_in_order() {
     // Pageable host memory, as the verbs ring is to CUDA (registered with the NIC only).
     let s: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
     let mut host_dst = vec![0u8; 16];
-    let mut c = EagerCopies::default();
+    let mut c = EagerCopies::<nccl_net_rivet::transport::verbs::nic::Verbs>::default();
     // SAFETY: `s` and `dev` outlive the copies (retired below before they drop); `host_dst`
     // holds 16 bytes.
     unsafe {

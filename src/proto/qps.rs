@@ -393,7 +393,7 @@ impl QpStates {
         }
         let op_err = failover && fault == Fault::LocalQpOp;
         let down = op_err && port_down();
-        if op_err && !down && matches!(src, Source::Data(_)) {
+        if op_err && !down && src != Source::Unknown {
             return OnFault::AwaitPort;
         }
         let recoverable = matches!(fault, Fault::RetryExceeded | Fault::Flushed) || down;

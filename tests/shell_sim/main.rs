@@ -41,6 +41,7 @@ use nccl_net_rivet::transport::{Conn, Lent, MrInfo, Path, RecvBuf, MAX_RECVS};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 
+mod gpu;
 mod heap;
 mod nic;
 mod pair;
@@ -66,6 +67,31 @@ struct Ran {
     heap: isize,
     /// Moves to ERR the device refused (a failover that waited for it at later calls).
     refused: u32,
+    /// Eager copies the GPU's stream ran, flush reads done, immediates before their data.
+    gpu_copies: usize,
+    flushes: usize,
+    imm_early: usize,
+}
+
+/// Receive `g`'s buffers checked: as many as posted, each with the size sent and every byte
+/// right (reported done, and flushed where it is GPU memory with flushes on).
+fn check_receive(p: &Plan, g: usize, n: usize, sz: &[usize], id: &[Vec<usize>], roff: &[usize], rmem: &[u8]) -> Result<(), String> {
+    let bufs = &p.groups[g].0;
+    if n != bufs.len() {
+        return Err(format!("receive {g} done with {n} buffer(s); it posted {}", bufs.len()));
+    }
+    for (b, &(_, len, _)) in bufs.iter().enumerate() {
+        let i = id[g][b];
+        if sz[b] != len {
+            return Err(format!("receive {g} buffer {b} (message {i}) done with {} bytes; {len} were sent", sz[b]));
+        }
+        let got = &rmem[roff[i]..roff[i] + len];
+        if let Some(k) = got.iter().zip(pattern(i, len)).position(|(a, b)| *a != b) {
+            let gpu = if p.recv_gpu[i] { " (GPU memory)" } else { "" };
+            return Err(format!("receive {g} buffer {b} (message {i} of {len} bytes{gpu}) reported done with byte {k} wrong"));
+        }
+    }
+    Ok(())
 }
 
 /// A side's error: acceptable only where the plan expects one (and it names what it must).
@@ -95,7 +121,7 @@ fn on_error(p: &Plan, what: &str, e: &str, first: &mut Option<String>) -> Result
 
 /// One schedule. Returns what ran, or what went wrong.
 fn schedule(p: &Plan) -> Result<Ran, String> {
-    FAB.with(|f| *f.borrow_mut() = Fabric { rng: Rng(p.seed ^ 0x0f1c_e5ee_d000), err_busy: p.err_busy, ..Default::default() });
+    FAB.with(|f| *f.borrow_mut() = Fabric { rng: Rng(p.seed ^ 0x0f1c_e5ee_d000), err_busy: p.err_busy, ar_threshold: p.ar_threshold, ar_untold: p.ar_untold, gpu_lies: p.gpu_lies, gpu_writes_wait: p.flush, ..Default::default() });
     NET.with(|n| n.set(0));
     PEAK.with(|n| n.set(0));
     let mut rng = Rng(p.seed ^ 0x5eed);
@@ -133,7 +159,9 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
     let (mut smem, skeys) = registered(total_send, 0, &pr.sports);
     let (mut rmem, rkeys_) = registered(total_recv, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, &pr.rports);
     rmem.fill(0x5c);
-    let (smr, rmr) = (mr_of(&smem, skeys, pr.sp), mr_of(&rmem, rkeys_, pr.rp));
+    let (smr, rmr) = (mr_of(&smem, skeys, pr.sp, Path::Host), mr_of(&rmem, rkeys_, pr.rp, Path::Host));
+    // The buffers in GPU memory: the same arenas, their registrations' path GPUDirect.
+    let (smr_gpu, rmr_gpu) = (mr_of(&smem, skeys, pr.sp, Path::Gdr), mr_of(&rmem, rkeys_, pr.rp, Path::Gdr));
     let (mut soff, mut roff) = (vec![0; msgs], vec![0; msgs]);
     let (mut s, mut r) = (0, 0);
     // Bytes of each send ready (a send by parts: those ready when it is posted; the rest of its
@@ -152,9 +180,22 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
         s += len + 64;
         r += room + 64;
     }
+    let mut gpu = Vec::new();
+    for i in 0..msgs {
+        let (g, b) = order[i];
+        if p.recv_gpu[i] {
+            gpu.push((rmem.as_ptr() as usize + roff[i], p.groups[g].0[b].2));
+        }
+        if p.send_gpu[i] {
+            gpu.push((smem.as_ptr() as usize + soff[i], send_of(i).1));
+        }
+    }
+    fab(|f| f.gpu = gpu);
     let (mut next_send, mut next_group) = (0, 0);
     let mut sent: VecDeque<(usize, u32)> = VecDeque::new();
     let mut posted: VecDeque<(usize, u32)> = VecDeque::new();
+    // Receives done whose flush is outstanding: (receive, flush request, sizes reported).
+    let mut flushing: VecDeque<(usize, u32, [usize; MAX_RECVS])> = VecDeque::new();
     let (mut sends_done, mut groups_done) = (0, 0);
     let mut first_error: Option<String> = None;
     let mut error_at = 0u64;
@@ -211,6 +252,10 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
                         pt.up = true;
                         pt.shown_down = false;
                     }
+                    if steps == at {
+                        // Its writes into GPU memory land in the end.
+                        f.flush_port(port);
+                    }
                 });
             }
             &Fault::Fatal { side, q, at, status } if steps == at => {
@@ -231,18 +276,19 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
         if first_error.is_none() && sends_done == msgs && groups_done == ngroups {
             break;
         }
-        if first_error.is_some() && (!send_live || (sent.is_empty() && next_send == msgs)) && (!recv_live || (posted.is_empty() && next_group == ngroups)) {
+        if first_error.is_some() && (!send_live || (sent.is_empty() && next_send == msgs)) && (!recv_live || (posted.is_empty() && flushing.is_empty() && next_group == ngroups)) {
             break;
         }
         if let Some(first) = first_error.as_ref().filter(|_| steps - error_at > AFTER_ERROR_STEPS) {
-            let waiting = if send_live { format!("the sender, {} sends outstanding", sent.len()) } else { format!("the receiver, {} receives outstanding", posted.len()) };
+            let waiting = if send_live { format!("the sender, {} sends outstanding", sent.len()) } else { format!("the receiver, {} receives and {} flushes outstanding", posted.len(), flushing.len()) };
             return Err(format!("after the first error ({first}), {waiting}, still had no error {AFTER_ERROR_STEPS} steps later"));
         }
         if steps > 20_000_000 || started.elapsed() > std::time::Duration::from_secs(60) {
             return Err(format!(
-                "no end after {steps} steps: {sends_done} of {msgs} sends and {groups_done} of {ngroups} receives done; {} sends and {} receives outstanding; the NIC:{}",
+                "no end after {steps} steps: {sends_done} of {msgs} sends and {groups_done} of {ngroups} receives done; {} sends, {} receives and {} flushes outstanding; the NIC:{}",
                 sent.len(),
                 posted.len(),
+                flushing.len(),
                 fab(|f| f.dump())
             ));
         }
@@ -256,7 +302,8 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
                 let buf = unsafe { Lent::new(smem.as_mut_ptr().add(soff[i]), len) };
                 let send = pr.send.as_mut().unwrap();
                 let rd = ready[i];
-                match shell(|| send.isend_partial(buf, tag, Some(&smr), rd)) {
+                let mr = if p.send_gpu[i] { &smr_gpu } else { &smr };
+                match shell(|| send.isend_partial(buf, tag, Some(mr), rd)) {
                     Ok(Some(slot)) => {
                         sent.push_back((i, slot));
                         next_send += 1;
@@ -279,7 +326,7 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
                         // SAFETY: the buffer's room in the receive arena, registered, read by
                         // the test only once `test` reports the receive done.
                         let buf = unsafe { Lent::new(rmem.as_mut_ptr().add(roff[id[g][b]]), room) };
-                        RecvBuf { buf, tag, mr: Some(rmr) }
+                        RecvBuf { buf, tag, mr: Some(if p.recv_gpu[id[g][b]] { rmr_gpu } else { rmr }) }
                     })
                     .collect();
                 let recv = pr.recv.as_mut().unwrap();
@@ -320,21 +367,35 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
                     let recv = pr.recv.as_mut().unwrap();
                     match shell(|| recv.test(slot, &mut sz)) {
                         Ok(Some(n)) => {
-                            let bufs = &p.groups[g].0;
-                            if n != bufs.len() {
-                                return Err(format!("receive {g} done with {n} buffer(s); it posted {}", bufs.len()));
-                            }
-                            for (b, &(_, len, _)) in bufs.iter().enumerate() {
-                                let i = id[g][b];
-                                if sz[b] != len {
-                                    return Err(format!("receive {g} buffer {b} (message {i}) done with {} bytes; {len} were sent", sz[b]));
-                                }
-                                let got = &rmem[roff[i]..roff[i] + len];
-                                if let Some(k) = got.iter().zip(pattern(i, len)).position(|(a, b)| *a != b) {
-                                    return Err(format!("receive {g} buffer {b} (message {i} of {len} bytes) reported done with byte {k} wrong"));
-                                }
-                            }
                             posted.pop_front();
+                            // GPU memory, flushes on: NCCL flushes the receive (its buffers, the
+                            // sizes received) and uses it once the flush is done.
+                            let k = p.groups[g].0.len();
+                            if p.flush && n == k && (0..k).any(|b| p.recv_gpu[id[g][b]]) {
+                                let bufs: Vec<RecvBuf> = (0..k)
+                                    .map(|b| {
+                                        let i = id[g][b];
+                                        // SAFETY: the buffer's bytes received, in the receive
+                                        // arena, registered; the flush only reads them.
+                                        let buf = unsafe { Lent::new(rmem.as_mut_ptr().add(roff[i]), sz[b]) };
+                                        RecvBuf { buf, tag: 0, mr: Some(if p.recv_gpu[i] { rmr_gpu } else { rmr }) }
+                                    })
+                                    .collect();
+                                match shell(|| recv.iflush(&bufs)) {
+                                    Ok(Some(f)) => {
+                                        flushing.push_back((g, f, sz));
+                                        continue;
+                                    }
+                                    Ok(None) => {}
+                                    Err(e) => {
+                                        on_error(p, &format!("iflush of receive {g}"), &e.to_string(), &mut first_error)?;
+                                        error_at = steps;
+                                        go_away(&mut pr, Side::Recv);
+                                        continue;
+                                    }
+                                }
+                            }
+                            check_receive(p, g, n, &sz, &id, &roff, &rmem)?;
                             groups_done += 1;
                         }
                         Ok(None) => {}
@@ -365,6 +426,24 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
                             error_at = steps;
                             go_away(&mut pr, Side::Send);
                         }
+                    }
+                }
+            }
+            5 if recv_live && !flushing.is_empty() => {
+                let (g, f, sz) = flushing[0];
+                let mut fsz = [0usize; MAX_RECVS];
+                let recv = pr.recv.as_mut().unwrap();
+                match shell(|| recv.test(f, &mut fsz)) {
+                    Ok(Some(_)) => {
+                        flushing.pop_front();
+                        check_receive(p, g, p.groups[g].0.len(), &sz, &id, &roff, &rmem)?;
+                        groups_done += 1;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        on_error(p, &format!("test of receive {g}'s flush"), &e.to_string(), &mut first_error)?;
+                        error_at = steps;
+                        go_away(&mut pr, Side::Recv);
                     }
                 }
             }
@@ -403,7 +482,17 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
             return Err(format!("everything delivered after a work request met the fault, though the comm should have failed naming one of {names:?}"));
         }
     }
-    let ran = fab(|f| Ran { steps, failed: f.failed, recovered: f.recovered, errored: first_error.is_some(), heap: PEAK.with(|x| x.get()), refused: f.err_refused });
+    let ran = fab(|f| Ran {
+        steps,
+        failed: f.failed,
+        recovered: f.recovered,
+        errored: first_error.is_some(),
+        heap: PEAK.with(|x| x.get()),
+        refused: f.err_refused,
+        gpu_copies: f.gpu_copies,
+        flushes: f.flushes,
+        imm_early: f.imm_early,
+    });
     drop(pr);
     Ok(ran)
 }
@@ -446,6 +535,50 @@ fn a_move_to_err_refused_past_its_retries_fails_the_comm() {
     assert_eq!(refused, 35, "the move is tried once and retried NCCL_IB_MQP_RETRY_CNT times");
 }
 
+/// Adaptive routing's hazard (a write's immediate before its own data), with the shells told
+/// and not told: told, they split such writes and every schedule passes; not told, the simulator
+/// sees a receive reported done before its data (or an eager header read before it landed) in
+/// some.
+#[test]
+fn under_adaptive_routing_no_receive_completes_before_its_data() {
+    let (mut caught, mut early) = (0, 0);
+    for seed in 0..40u64 {
+        let mut p = plan(0xa4_0000 + seed);
+        (p.ar, p.fault, p.expect, p.must_fail) = (true, Fault::None, None, false);
+        if let Err(e) = schedule(&p) {
+            panic!("{}: {e}", p.describe());
+        }
+        p.ar_untold = true;
+        // (Caught as bytes wrong, or as a header read before it landed.)
+        caught += schedule(&p).is_err() as usize;
+        early += fab(|f| f.imm_early);
+    }
+    println!("adaptive routing: {early} immediates before their data; the shells not told, {caught} of 40 schedules caught");
+    assert!(early > 0, "no immediate came before its data: the hazard is not simulated");
+    assert!(caught > 0, "the shells not told of adaptive routing, the simulator caught nothing ({early} immediates before their data)");
+}
+
+/// Receives into GPU memory used too early are caught: with the shells' flushes off while the
+/// NIC's writes wait for a flush, and with a GPU stream that says a copy finished before it ran,
+/// some schedules see bytes wrong (and with both right, every schedule passes).
+#[test]
+fn a_receive_into_gpu_memory_used_before_its_flush_or_copy_is_caught() {
+    let (mut unflushed, mut uncopied) = (0, 0);
+    for seed in 0..30u64 {
+        let mut p = plan_at(0x6d_0000 + seed, [64, 1024, 8192][seed as usize % 3]);
+        (p.fault, p.expect, p.must_fail, p.flush) = (Fault::None, None, false, true);
+        p.recv_gpu = vec![true; p.msgs()];
+        if let Err(e) = schedule(&p) {
+            panic!("{}: {e}", p.describe());
+        }
+        let bad = |p: &Plan| matches!(schedule(p), Err(e) if e.contains("wrong"));
+        unflushed += bad(&Plan { flush_untold: true, ..p.clone() }) as usize;
+        uncopied += bad(&Plan { gpu_lies: true, ..p.clone() }) as usize;
+    }
+    println!("GPU memory: of 30 schedules, {unflushed} caught unflushed, {uncopied} caught before their copies");
+    assert!(unflushed > 0 && uncopied > 0, "unflushed {unflushed}, copies not run {uncopied}: the simulator does not see GPU memory used early");
+}
+
 /// 300 receives with buffers above the eager limit that all get eager sends (their
 /// clear-to-send entries are never used, so the FIFO laps while the sender does not look), then
 /// large sends, then grouped receives of a large and an eager buffer: the sender finds its slots
@@ -486,7 +619,7 @@ fn a_lap_after_the_sender_read_entries_skips_none_it_needs() {
 #[test]
 fn the_schedules_that_found_bugs_pass() {
     for seed in [0x5eed_00fb, 0x5eed_0a2d, 0x5eed_0a0f, 0x5eed_0ca9] {
-        let p = plan(seed);
+        let p = plan_at(seed, EAGER_MAX);
         if let Err(e) = schedule(&p) {
             panic!("{}: {e}", p.describe());
         }
@@ -522,6 +655,7 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
     };
     let mut failed = Vec::new();
     let (mut ran, mut failed_over, mut recovered, mut errored, mut heap, mut waited) = (0u64, 0u64, 0u64, 0u64, 0isize, 0u64);
+    let (mut gpu_copied, mut flushed, mut early) = (0u64, 0u64, 0u64);
     let mut kinds = [0u64; 6];
     for &seed in &seeds {
         let p = plan(seed);
@@ -544,6 +678,9 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
                 recovered += (r.recovered > 0) as u64;
                 errored += r.errored as u64;
                 heap = heap.max(r.heap);
+                gpu_copied += (r.gpu_copies > 0) as u64;
+                flushed += (r.flushes > 0) as u64;
+                early += (r.imm_early > 0) as u64;
             }
             Err(e) => {
                 let small = match shrink(&p) {
@@ -558,7 +695,7 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
         }
     }
     println!(
-        "shell_sim: {ran} schedules (faults: {} none, {} links, {} ports, {} fatal statuses, {} sides gone, {} mismatches); {failed_over} delivered everything through a failover, {recovered} took queue pairs back, {errored} failed as they had to, {waited} delivered everything though the device refused moves to ERR for a while; the shells' calls held at most {heap} bytes",
+        "shell_sim: {ran} schedules (faults: {} none, {} links, {} ports, {} fatal statuses, {} sides gone, {} mismatches); {failed_over} delivered everything through a failover, {recovered} took queue pairs back, {errored} failed as they had to, {waited} delivered everything though the device refused moves to ERR for a while, {gpu_copied} copied eager messages into GPU memory on the GPU's stream, {flushed} flushed receives into GPU memory, {early} saw an immediate before its data; the shells' calls held at most {heap} bytes",
         kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], kinds[5]
     );
     assert!(failed.is_empty(), "{} of {ran} schedule(s) failed:\n{}", failed.len(), failed.join("\n"));
@@ -568,5 +705,7 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
         assert!(recovered * 30 >= n, "only {recovered} of {n} schedules took a queue pair back: recovery is not exercised");
         assert!(errored * 10 >= n, "only {errored} of {n} schedules failed as they had to: the error paths are not exercised");
         assert!(waited * 20 >= n, "only {waited} of {n} schedules delivered through refused moves to ERR: the deferred move is not exercised");
+        assert!(gpu_copied * 10 >= n, "only {gpu_copied} of {n} schedules copied eager messages into GPU memory: the GPU's copies are not exercised");
+        assert!(flushed * 10 >= n, "only {flushed} of {n} schedules flushed a receive: flushes are not exercised");
     }
 }

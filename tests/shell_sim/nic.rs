@@ -7,7 +7,9 @@
 //!   `SMALL` bytes or less in pieces in address order (what a reader polling memory may see);
 //!   work requests complete in order, a write with an immediate only once everything before it
 //!   is placed and the peer has a receive posted (receiver not ready: it waits, as with
-//!   rnr_retry 7);
+//!   rnr_retry 7); but under adaptive routing a write with an immediate of more than a packet
+//!   and more than the threshold the shells are told (`ar_threshold`, NCCL_IB_AR_THRESHOLD) may
+//!   deliver its immediate once its last packet is placed, before the rest of its own data;
 //! - a send queue slot is free again only when the completion of its work request, or of a
 //!   signaled one after it, has been polled (as providers account), a receive queue holds what
 //!   it was created for, and a completion queue that overflows is a fault;
@@ -15,6 +17,11 @@
 //!   oldest work request (RETRY_EXC_ERR; LOC_QP_OP_ERR for a port that is down, as Soft-RoCE
 //!   reports it), flushes everything after it and the receive queue, and puts the queue pair in
 //!   ERR; a queue pair reset and moved back to RTR and RTS starts empty;
+//! - GPU memory (`gpu`): the CPU must not read it (an inline work request from it is a fault);
+//!   with flushes on, a write into it through a port becomes visible only when a flush read
+//!   through the same port completes (PCIe's posted writes to a GPU may pass the completion),
+//!   or when the port goes down (its writes land in the end); copies into it by the GPU's
+//!   stream (`gpu.rs`) run in order, late, at random;
 //! - the time is the schedule's (`now_ms`), so that a schedule replays exactly.
 
 use crate::rng::Rng;
@@ -65,6 +72,8 @@ pub(crate) struct Flight {
     pub(crate) bytes: Vec<u8>,
     pub(crate) pending: Vec<(usize, usize)>,
     pub(crate) peer_epoch: u32,
+    /// Its immediate was delivered before all its data was placed (adaptive routing's hazard).
+    pub(crate) imm_early: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -131,6 +140,9 @@ pub(crate) struct Port {
     pub(crate) loc_op_err: bool,
 }
 
+/// A copy on the GPU's stream: destination, source, length.
+pub(crate) type GpuCopy = (usize, usize, usize);
+
 /// The send work request a completion frees the slots up to: queue pair, epoch, sequence number.
 type Frees = Option<(usize, u32, u64)>;
 
@@ -160,6 +172,29 @@ pub(crate) struct Fabric {
     /// Moves to ERR the device refuses (ETIMEDOUT) before it takes one, and those refused.
     pub(crate) err_busy: u32,
     pub(crate) err_refused: u32,
+    /// GPU memory: (address, length) of each buffer the schedule put there.
+    pub(crate) gpu: Vec<(usize, usize)>,
+    /// Writes into GPU memory wait for a flush read through their port (flushes on).
+    pub(crate) gpu_writes_wait: bool,
+    /// Writes into GPU memory not yet visible: (port, address, bytes).
+    pub(crate) unflushed: Vec<(usize, usize, Vec<u8>)>,
+    /// The GPU's copy stream: batches ended by a fence (its id), oldest first; copies issued
+    /// since the last fence. A copy is (destination, source, length).
+    pub(crate) stream: VecDeque<(usize, Vec<GpuCopy>)>,
+    pub(crate) unfenced: Vec<GpuCopy>,
+    /// Copies the stream ran, flush reads completed (for the totals).
+    pub(crate) gpu_copies: usize,
+    pub(crate) flushes: usize,
+    /// Writes above this many bytes (and a packet) may deliver their immediate before their
+    /// own data under adaptive routing; `ar_untold`: the ports tell the shells adaptive routing
+    /// is off (so that they do not split such writes), to show the hazard is caught.
+    pub(crate) ar_threshold: usize,
+    pub(crate) ar_untold: bool,
+    /// The GPU's stream says a fence is reached though its copies have not run (and never run
+    /// them): only to show that a receive used before its copy is caught.
+    pub(crate) gpu_lies: bool,
+    /// Immediates delivered before their data (for the totals).
+    pub(crate) imm_early: usize,
 }
 
 impl Default for Fabric {
@@ -179,6 +214,17 @@ impl Default for Fabric {
             now_ms: 0,
             err_busy: 0,
             err_refused: 0,
+            gpu: Vec::new(),
+            gpu_writes_wait: false,
+            unflushed: Vec::new(),
+            stream: VecDeque::new(),
+            unfenced: Vec::new(),
+            gpu_copies: 0,
+            flushes: 0,
+            ar_threshold: 8192,
+            ar_untold: false,
+            gpu_lies: false,
+            imm_early: 0,
         }
     }
 }
@@ -237,6 +283,35 @@ impl Fabric {
                 false
             }
         }
+    }
+
+    /// Whether `[addr, addr + len)` touches GPU memory.
+    pub(crate) fn in_gpu(&self, addr: usize, len: usize) -> bool {
+        self.gpu.iter().any(|&(a, l)| addr < a + l && a < addr + len.max(1))
+    }
+
+    /// The writes into GPU memory through `port` become visible (a flush read through it
+    /// completed, or the port went down).
+    pub(crate) fn flush_port(&mut self, port: usize) {
+        let (now, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unflushed).into_iter().partition(|w| w.0 == port);
+        self.unflushed = later;
+        for (_, addr, b) in now {
+            // SAFETY: checked inside a live registration with remote write when its work request
+            // started (the test's memory outlives the comms).
+            unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), addr as *mut u8, b.len()) };
+        }
+    }
+
+    /// The GPU's stream runs its oldest batch of copies.
+    pub(crate) fn run_batch(&mut self) -> bool {
+        let Some((_, copies)) = self.stream.pop_front() else { return false };
+        for (dst, src, len) in copies {
+            // SAFETY: issued under `Copier::to_device`'s contract: both ranges stay valid and
+            // left alone until the batch's fence is reached, which is now.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+            self.gpu_copies += 1;
+        }
+        true
     }
 
     pub(crate) fn push_wc(&mut self, cq: usize, w: ibv_wc, frees: Frees) {
@@ -333,6 +408,15 @@ impl Fabric {
             fl.pending[i] = (off + n, len - n);
         }
         if matches!(fl.wr.opcode, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM) {
+            let to = fl.wr.remote as usize + off;
+            let port = self.qps[q].peer.map_or(self.qps[q].port, |p| self.qps[p].port);
+            // (Through a port that is down, writes land in the end: no flush comes through it.)
+            if self.gpu_writes_wait && self.ports[port].up && self.in_gpu(to, n) {
+                let b = self.qps[q].flights[f].bytes[off..off + n].to_vec();
+                self.unflushed.push((port, to, b));
+                return;
+            }
+            let fl = &self.qps[q].flights[f];
             // SAFETY: the target was checked inside a live registration with remote write when
             // the work request started (the test's memory outlives the comms).
             unsafe { std::ptr::copy_nonoverlapping(fl.bytes.as_ptr().add(off), (fl.wr.remote as usize + off) as *mut u8, n) };
@@ -419,19 +503,25 @@ impl Fabric {
             None => 0,
         };
         self.qps[q].sq_psn += 1;
-        self.qps[q].flights.push_back(Flight { wr: w, bytes, pending, peer_epoch });
+        self.qps[q].flights.push_back(Flight { wr: w, bytes, pending, peer_epoch, imm_early: false });
     }
 
     /// The oldest work request on the wire of `q`, all placed: completes (false if it must wait
     /// for a receive at the other end).
     fn finish(&mut self, q: usize) -> bool {
         let f = self.qps[q].flights.front().unwrap();
-        let needs_recv = matches!(f.wr.opcode, IBV_WR_RDMA_WRITE_WITH_IMM | IBV_WR_SEND_WITH_IMM);
+        let needs_recv = matches!(f.wr.opcode, IBV_WR_RDMA_WRITE_WITH_IMM | IBV_WR_SEND_WITH_IMM) && !f.imm_early;
         let peer = self.qps[q].peer;
         if needs_recv && peer.is_some_and(|p| self.qps[p].rq.is_empty()) {
             return false; // receiver not ready: the NIC retries (rnr_retry 7)
         }
         let f = self.qps[q].flights.pop_front().unwrap();
+        let needs_recv = needs_recv && !f.imm_early;
+        if f.wr.opcode == IBV_WR_RDMA_READ {
+            // A flush read: every write through this port before it is visible now.
+            self.flushes += 1;
+            self.flush_port(self.qps[q].port);
+        }
         if needs_recv {
             let p = peer.expect("a write with an immediate on a connected queue pair");
             let id = self.qps[p].rq.pop_front().unwrap();
@@ -466,6 +556,24 @@ impl Fabric {
         let can_start = !qp.sq.is_empty() && qp.flights.len() < WINDOW;
         let placeable: Vec<usize> = (0..qp.flights.len()).filter(|&f| !qp.flights[f].pending.is_empty()).collect();
         let head_done = qp.flights.front().is_some_and(|f| f.pending.is_empty());
+        // Adaptive routing's hazard: the oldest write, its last packet placed, delivers its
+        // immediate while some of its own data is still on the wire.
+        let early = ar
+            && qp.flights.front().is_some_and(|f| {
+                f.wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !f.imm_early && !f.pending.is_empty() && f.bytes.len() > self.ar_threshold.max(MTU) && !f.pending.iter().any(|&(o, l)| o + l == f.bytes.len())
+            })
+            && qp.peer.is_some_and(|p| !self.qps[p].rq.is_empty());
+        if early && self.rng.chance(30) {
+            let p = self.qps[q].peer.unwrap();
+            let id = self.qps[p].rq.pop_front().unwrap();
+            let (pqpn, pcq) = (self.qps[p].qpn, self.qps[p].cq);
+            let f = self.qps[q].flights.front_mut().unwrap();
+            f.imm_early = true;
+            let (len, imm) = (f.bytes.len() as u32, f.wr.imm);
+            self.imm_early += 1;
+            self.push_wc(pcq, wc(id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, pqpn, len, imm), None);
+            return true;
+        }
         for k in 0..3 {
             match (self.rng.below(3) + k) % 3 {
                 0 if can_start => {

@@ -73,8 +73,8 @@ pub(crate) fn pair(p: &Plan) -> Pair {
         recovery_delay_ms: p.recovery_delay_ms,
         recovery_attempts: 3,
         return_async_events: true,
-        ar_threshold: 8192,
-        flush_disable: true,
+        ar_threshold: p.ar_threshold,
+        flush_disable: !p.flush || p.flush_untold,
         stats: false,
         origin: p.origin,
         // net_ib's defaults.
@@ -122,7 +122,7 @@ pub(crate) fn pair(p: &Plan) -> Pair {
     }
     let (s_local, [sizes_out, hdrs]) = carve([FIFO_DEPTH * SIZES_ENTRY, conn::HDRS_BYTES], 0, &sports);
     let (r_remote, [ring, sizes_in]) =
-        carve([conn::RING_SLOTS * conn::slot_bytes(EAGER_MAX), FIFO_DEPTH * SIZES_ENTRY], IBV_ACCESS_REMOTE_WRITE, &rports);
+        carve([conn::RING_SLOTS * conn::slot_bytes(p.eager_max), FIFO_DEPTH * SIZES_ENTRY], IBV_ACCESS_REMOTE_WRITE, &rports);
     let (r_local, [cts_out, scratch]) = carve([vrecv::cts_stage_bytes(p.lr), 64], 0, &rports);
     // What setup learns of each queue pair's far end (recovery reconnects to it).
     let links = |peers: &[usize]| -> Vec<Link> {
@@ -139,7 +139,7 @@ pub(crate) fn pair(p: &Plan) -> Pair {
     };
     let sc = Common::<SimNic>::new(sp, peer, OwnedFd::from(a), &qpn(&sqps), links(&rqps), set);
     let rc = Common::<SimNic>::new(rp, peer, OwnedFd::from(b), &qpn(&rqps), links(&sqps), set);
-    let ring_spec = Ring { addr: ring.addr(), rkeys: rkeys(&ring, p.lr), slots: conn::RING_SLOTS, eager_max: EAGER_MAX };
+    let ring_spec = Ring { addr: ring.addr(), rkeys: rkeys(&ring, p.lr), slots: conn::RING_SLOTS, eager_max: p.eager_max };
     let send = VerbsSend::new(
         sc,
         sqps.clone(),
@@ -152,7 +152,7 @@ pub(crate) fn pair(p: &Plan) -> Pair {
         p.nparts,
     );
     let fifo_keys = rkeys(&fifo, p.ls);
-    let recv = VerbsRecv::new(rc, rqps.clone(), rcqs, [r_remote, r_local], vrecv::Parts { cts_out, sizes_in, ring, scratch }, EAGER_MAX, (fifo.addr(), fifo_keys), p.ls, p.nparts);
+    let recv = VerbsRecv::new(rc, rqps.clone(), rcqs, [r_remote, r_local], vrecv::Parts { cts_out, sizes_in, ring, scratch }, p.eager_max, (fifo.addr(), fifo_keys), p.ls, p.nparts);
     Pair { send: Some(send), recv: Some(recv), sqps, rqps, sports, rports, sp, rp }
 }
 
@@ -161,7 +161,8 @@ pub(crate) fn pattern(id: usize, len: usize) -> impl Iterator<Item = u8> {
     (0..len).map(move |i| (id.wrapping_mul(131) ^ i.wrapping_mul(7) ^ (i >> 8)) as u8 | 1)
 }
 
-pub(crate) fn mr_of(v: &[u8], keys: Keys, ports: &'static [&'static SimPort]) -> MrInfo {
+/// The registration of `v` (GPU memory where `path` is GPUDirect).
+pub(crate) fn mr_of(v: &[u8], keys: Keys, ports: &'static [&'static SimPort], path: Path) -> MrInfo {
     let mut more = [(0, 0); MAX_MEMBERS - 1];
     more.copy_from_slice(&keys[1..]);
     MrInfo {
@@ -173,7 +174,7 @@ pub(crate) fn mr_of(v: &[u8], keys: Keys, ports: &'static [&'static SimPort]) ->
         members: ports.len() as u8,
         access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
         dev: members_id(ports),
-        path: Path::Host,
-        gpu: None,
+        path,
+        gpu: (path == Path::Gdr).then_some(0),
     }
 }

@@ -1,9 +1,13 @@
-//! A schedule's plan: the connection (members, queue pairs, parts, queues, adaptive routing,
-//! where the counters start), the messages in grouped receives, the fault and what must come of
-//! it, all drawn from one seed.
+//! A schedule's plan: the connection (members, queue pairs, parts, queues, adaptive routing and
+//! its threshold, the eager limit, where the counters start, flushes), the messages in grouped
+//! receives and which buffers are GPU memory, the fault and what must come of it, all drawn
+//! from one seed.
 
 use super::*;
+/// The default eager limit (RIVET_IB_EAGER_MAX), and the others schedules draw (the variable
+/// takes 0 to 262144).
 pub(crate) const EAGER_MAX: usize = 8192;
+const EAGER_LIMITS: [usize; 9] = [0, 64, 200, 1024, 8192, 8192, 8192, 65536, 262144];
 /// Steps of the schedule per millisecond of the simulated NIC's clock.
 pub(crate) const STEPS_PER_MS: u64 = 20;
 /// After a side's error, the other side's calls must fail within this many steps (the
@@ -64,14 +68,33 @@ pub(crate) struct Plan {
     /// one of these; `must_fail`: once a work request met the fault, it must.
     pub(crate) expect: Option<&'static [&'static str]>,
     pub(crate) must_fail: bool,
+    /// RIVET_IB_EAGER_MAX of both sides.
+    pub(crate) eager_max: usize,
+    /// NCCL_IB_AR_THRESHOLD.
+    pub(crate) ar_threshold: usize,
+    /// Messages (in send order) whose receive buffer, or send buffer, is GPU memory (its
+    /// registration's path GPUDirect).
+    pub(crate) recv_gpu: Vec<bool>,
+    pub(crate) send_gpu: Vec<bool>,
+    /// Flushes on (NCCL_GDR_FLUSH_DISABLE=0): a receive into GPU memory is flushed, as NCCL does,
+    /// and its bytes looked at only once the flush is done.
+    pub(crate) flush: bool,
+    /// Adaptive routing on the fabric, but the ports tell the shells it is off (only to show
+    /// that the simulator catches what the shells' split prevents).
+    pub(crate) ar_untold: bool,
+    /// Only to show the simulator catches them: the shells' flushes off while the NIC's writes
+    /// into GPU memory wait for one; the GPU's stream saying a fence is reached before its
+    /// copies ran.
+    pub(crate) flush_untold: bool,
+    pub(crate) gpu_lies: bool,
 }
 
-pub(crate) fn size(r: &mut Rng) -> usize {
+pub(crate) fn size(r: &mut Rng, eager_max: usize) -> usize {
     match r.below(10) {
         0 => 0,
         1..=4 => 1 + r.below(64),
-        5..=6 => 1 + r.below(EAGER_MAX + 64),
-        7..=8 => EAGER_MAX + 1 + r.below(256 << 10),
+        5..=6 => 1 + r.below(eager_max + 64),
+        7..=8 => eager_max + 1 + r.below(256 << 10),
         _ => (1 << 20) + r.below(3 << 20),
     }
 }
@@ -79,7 +102,27 @@ pub(crate) fn size(r: &mut Rng) -> usize {
 pub(crate) const STATUSES: [(u32, &str); 4] =
     [(IBV_WC_REM_ACCESS_ERR, "REM_ACCESS_ERR"), (IBV_WC_REM_OP_ERR, "REM_OP_ERR"), (IBV_WC_LOC_PROT_ERR, "LOC_PROT_ERR"), (IBV_WC_REM_INV_REQ_ERR, "REM_INV_REQ_ERR")];
 
+/// The schedule of `seed`: the eager limit, the AR threshold, GPU memory and flushes drawn
+/// apart from the rest, so that with the defaults (`plan_at`) a seed draws what it drew before
+/// they were.
 pub(crate) fn plan(seed: u64) -> Plan {
+    let mut r = Rng(seed ^ 0x9e_ca9e);
+    let eager_max = r.pick(&EAGER_LIMITS);
+    let mut p = plan_at(seed, eager_max);
+    p.ar_threshold = r.pick(&[8192, 8192, 0, 4096, 100_000]);
+    p.flush = r.chance(50);
+    let n = p.msgs();
+    // No GPU memory; every receive buffer; some; every buffer of both sides.
+    let (rg, sg) = r.pick(&[(0, 0), (100, 0), (40, 30), (100, 100)]);
+    p.recv_gpu = (0..n).map(|_| r.chance(rg)).collect();
+    // A send by parts is a staged GPU buffer: host memory (the bounce buffer).
+    p.send_gpu = (0..n).map(|i| r.chance(sg) && p.partial[i].is_none()).collect();
+    p
+}
+
+/// The schedule of `seed` with `eager_max`, host memory only, flushes off, the default AR
+/// threshold.
+pub(crate) fn plan_at(seed: u64, eager_max: usize) -> Plan {
     let mut r = Rng(seed);
     let kind = r.below(10);
     // A port fault mostly on a fused device (a member to fail over to, to take back later).
@@ -97,7 +140,7 @@ pub(crate) fn plan(seed: u64) -> Plan {
         let k = if r.chance(70) { 1 } else { 2 + r.below(3) };
         let bufs: Vec<(i32, usize, usize)> = (0..k)
             .map(|b| {
-                let s = size(&mut r);
+                let s = size(&mut r, eager_max);
                 ((groups.len() % 3 * 8 + b) as i32, s, s + r.below(64))
             })
             .collect();
@@ -179,7 +222,33 @@ pub(crate) fn plan(seed: u64) -> Plan {
     };
     // Drawn last, so that the schedules drawn before it was are the same.
     let err_busy = if r.chance(30) { 1 + r.below(4) as u32 } else { 0 };
-    Plan { seed, ls, lr, nqps, nparts, depths, ar, failover, recovery, recovery_delay_ms, origin, partial, groups, fault, expect, must_fail, err_busy }
+    Plan {
+        seed,
+        ls,
+        lr,
+        nqps,
+        nparts,
+        depths,
+        ar,
+        failover,
+        recovery,
+        recovery_delay_ms,
+        origin,
+        partial,
+        groups,
+        fault,
+        expect,
+        must_fail,
+        err_busy,
+        eager_max,
+        ar_threshold: 8192,
+        recv_gpu: vec![false; nmsgs],
+        send_gpu: vec![false; nmsgs],
+        flush: false,
+        ar_untold: false,
+        flush_untold: false,
+        gpu_lies: false,
+    }
 }
 
 impl Plan {
@@ -189,18 +258,22 @@ impl Plan {
 
     pub(crate) fn describe(&self) -> String {
         format!(
-            "seed {:#x}: {}x{} member(s), {} QP(s), {} part(s), {} queues{}{}{}, {} messages ({} by parts) in {} receives, fault {:?}{}",
+            "seed {:#x}: {}x{} member(s), {} QP(s), {} part(s), {} queues{}{}{}, eager limit {}{}, {} messages ({} by parts, {} into GPU memory, {} from it) in {} receives, fault {:?}{}",
             self.seed,
             self.ls,
             self.lr,
             self.nqps,
             self.nparts,
             if self.depths == Depths::MIN { "minimal" } else { "default" },
-            if self.ar { ", adaptive routing" } else { "" },
+            if self.ar { format!(", adaptive routing above {} B", self.ar_threshold) } else { String::new() },
             if self.failover { "" } else { ", failover off" },
             if self.origin == Origin::default() { String::new() } else { format!(", counters from {:?}", self.origin) },
+            self.eager_max,
+            if self.flush { ", flushes on" } else { "" },
             self.msgs(),
             self.partial.iter().take(self.msgs()).filter(|p| p.is_some()).count(),
+            self.recv_gpu.iter().take(self.msgs()).filter(|&&g| g).count(),
+            self.send_gpu.iter().take(self.msgs()).filter(|&&g| g).count(),
             self.groups.len(),
             self.fault,
             if self.recovery { format!(", recovery after {} ms", self.recovery_delay_ms) } else { String::new() },
@@ -237,5 +310,13 @@ pub(crate) fn chosen_plan(receives: Vec<Vec<(usize, usize)>>, origin: Origin, se
         expect: None,
         must_fail: false,
         err_busy: 0,
+        eager_max: EAGER_MAX,
+        ar_threshold: 8192,
+        recv_gpu: vec![false; n],
+        send_gpu: vec![false; n],
+        flush: false,
+        ar_untold: false,
+        flush_untold: false,
+        gpu_lies: false,
     }
 }

@@ -1,6 +1,7 @@
 //! The verbs shells' seam (`nic::Nic`, `nic::NicPort`) on the simulated fabric: what a post,
 //! a poll, a state change or a port's question does to it.
 
+use super::gpu::SimGpu;
 use super::nic::*;
 use nccl_net_rivet::sys::ib::*;
 use nccl_net_rivet::transport::verbs::conn;
@@ -32,7 +33,7 @@ impl NicPort for SimPort {
         Ok(())
     }
     fn adaptive_routing(&self) -> bool {
-        fab(|f| f.ports[self.idx].ar)
+        fab(|f| f.ports[self.idx].ar && !f.ar_untold)
     }
     fn dev_id(&self) -> usize {
         0x1000 + self.idx
@@ -50,6 +51,18 @@ impl Nic for SimNic {
     /// Cache lines, so that the pieces are aligned as the shells' reads of them need (a CTS
     /// entry is 32-byte aligned).
     type Mem = Vec<Line>;
+    type Gpu = SimGpu;
+
+    fn gpu_of(addr: usize) -> nccl_net_rivet::error::Result<i32> {
+        if !fab(|f| f.in_gpu(addr, 1)) {
+            return Err(sim_err(format!("{addr:#x} is not GPU memory")));
+        }
+        Ok(0)
+    }
+
+    fn gpu_copier(_ordinal: i32) -> nccl_net_rivet::error::Result<SimGpu> {
+        Ok(SimGpu)
+    }
 
     #[inline(never)]
     fn qpn(qp: &usize) -> u32 {
@@ -76,6 +89,10 @@ impl Nic for SimNic {
                 let data = if w.send_flags & IBV_SEND_INLINE != 0 {
                     let mut b = Vec::new();
                     for s in sges {
+                        if f.in_gpu(s.addr as usize, s.length as usize) {
+                            f.faults.push(format!("an inline work request from GPU memory at {:#x} (the CPU cannot read it)", s.addr));
+                            continue;
+                        }
                         // SAFETY: an inline work request's bytes are read at post, from memory
                         // the caller vouches for.
                         b.extend_from_slice(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) });

@@ -34,6 +34,18 @@ pub trait Copier: Send {
     /// only at and after a close, so a copier may drop copies it has not started (the host
     /// copier does).
     fn idle(&mut self) -> bool;
+    /// Wait, bounded by `limit`, for every copy issued: false if some still run. Only for a
+    /// receive comm's eager copies at close, whose source (the comm's ring) goes with it.
+    fn drain(&mut self, limit: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        while !self.idle() {
+            if start.elapsed() > limit {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        true
+    }
     /// Free bounce memory (CUDA: inside the GPU's context).
     fn free(&mut self, mem: HostMem) {
         drop(mem);
@@ -90,18 +102,6 @@ impl CudaCopier {
         Ok(CudaCopier { stream: ManuallyDrop::new(stream), ctx: ManuallyDrop::new(ctx), ordinal, bus_id })
     }
 
-    /// Wait, bounded by `limit`, for every copy on the stream: false if some still run. Only for
-    /// a receive comm's eager copies at close, whose source (the comm's ring) goes with it.
-    pub fn drain(&mut self, limit: std::time::Duration) -> bool {
-        let start = std::time::Instant::now();
-        while !self.idle() {
-            if start.elapsed() > limit {
-                return false;
-            }
-            std::thread::yield_now();
-        }
-        true
-    }
 }
 
 impl Copier for CudaCopier {

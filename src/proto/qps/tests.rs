@@ -178,7 +178,9 @@ fn a_failed_completion_fails_over_waits_for_its_port_or_kills_the_comm() {
     assert_eq!(s.on_fault(LocalQpOp, Source::Data(0), true, false, no, no), OnFault::AwaitPort);
     assert_eq!(s.on_fault(LocalQpOp, Source::Data(0), true, false, yes, no), OnFault::FailOver, "down, or flapped");
     assert_eq!(s.on_fault(LocalQpOp, Source::Data(0), true, true, yes, no), OnFault::Ignore, "awaiting its verdict already");
-    assert_eq!(s.on_fault(LocalQpOp, Source::Flush, true, false, no, yes), OnFault::Die, "a flush queue pair's is judged at once");
+    assert_eq!(s.on_fault(LocalQpOp, Source::Flush, true, false, no, no), OnFault::AwaitPort, "a flush queue pair's too: its read, on a port whose state says DOWN only a moment later");
+    assert_eq!(s.on_fault(LocalQpOp, Source::Flush, true, false, yes, no), OnFault::FailOver);
+    assert_eq!(s.on_fault(LocalQpOp, Source::Unknown, true, false, no, yes), OnFault::Die, "not the comm's");
     assert_eq!(s.on_fault(LocalQpOp, Source::Data(0), false, false, yes, yes), OnFault::Die, "no failover: a bug of one side");
     // Without failover, a dead link's error waits for its cause.
     assert_eq!(s.on_fault(RetryExceeded, Source::Data(0), false, false, no, no), OnFault::AwaitCause);

@@ -211,9 +211,10 @@ pub fn slot_bytes(eager_max: usize) -> usize {
 /// CAUSE_WAIT is over without that. Looked at again at each call, never waited for.
 struct Verdict {
     wc: ibv_wc,
-    /// The member whose CQ it came from, and the data queue pair.
+    /// The member whose CQ it came from, and the data queue pairs that fail over if the port
+    /// is down (one; or, for a flush queue pair's read, the member's).
     m: usize,
-    q: usize,
+    mask: u32,
     /// Until when (coarse ms).
     until: u64,
 }
@@ -498,7 +499,7 @@ impl<N: Nic> Common<N> {
                 IBV_WC_LOC_QP_OP_ERR => Fault::LocalQpOp,
                 _ => Fault::Other,
             };
-            let awaiting = matches!(src, Source::Data(q) if self.verdicts.iter().any(|v| v.q == q));
+            let awaiting = matches!(src, Source::Data(q) if self.verdicts.iter().any(|v| v.mask & (1 << q) != 0));
             // The port's word, asked only where it decides (each looks at the device).
             let (port, was) = (self.member_port(m), self.downs_at(m));
             let down = || failover::port_down(port) || port.downs() != was;
@@ -509,10 +510,18 @@ impl<N: Nic> Common<N> {
                     // Soft-RoCE fails a send with LOC_QP_OP_ERR as soon as its netdev is down,
                     // which the port's state and PORT_ERR event may show a moment later: the
                     // queue pair waits for that verdict (at later calls, for at most CAUSE_WAIT).
-                    if let Source::Data(q) = src {
-                        self.verdicts.push(Verdict { wc, m, q, until: N::now_ms() + CAUSE_WAIT.as_millis() as u64 });
-                        self.pending = true;
-                    }
+                    let mask = match src {
+                        Source::Data(q) => 1 << q,
+                        _ => {
+                            // A flush read: it counts as done now (its caller sees its id and
+                            // makes a new flush queue pair later); the member's data queue pairs
+                            // await the verdict.
+                            self.wc[i].wr_id = wc.wr_id;
+                            self.on_member(m)
+                        }
+                    };
+                    self.verdicts.push(Verdict { wc, m, mask, until: N::now_ms() + CAUSE_WAIT.as_millis() as u64 });
+                    self.pending = true;
                 }
                 OnFault::FailOver => {
                     let e = self.wc_error(&wc, m);

@@ -4,9 +4,9 @@
 //! GPU: the ring slot, and the receive, are released only once the copy is done
 //! (`RecvEngine::copy_done`, called in the engine's order).
 
+use super::nic::Nic;
 use crate::error::{Error, Result};
-use crate::gpu::cuda;
-use crate::gpu::staging::{Copier, CudaCopier, FENCES};
+use crate::gpu::staging::{Copier, FENCES};
 use std::collections::VecDeque;
 
 /// The copies not yet reported to the engine, oldest first: `Some(fence)` a GPU copy, `None` a
@@ -37,14 +37,19 @@ impl Order {
     }
 }
 
-#[derive(Default)]
-pub struct EagerCopies {
+pub struct EagerCopies<N: Nic> {
     /// The copier of the GPU the comm's GPU buffers are on, made at the first GPU-bound copy.
-    gpu: Option<CudaCopier>,
+    gpu: Option<N::Gpu>,
     order: Order,
 }
 
-impl EagerCopies {
+impl<N: Nic> Default for EagerCopies<N> {
+    fn default() -> Self {
+        EagerCopies { gpu: None, order: Order::default() }
+    }
+}
+
+impl<N: Nic> EagerCopies<N> {
     /// Copy `len` bytes from the payload of ring slot `slot` at `src` to `dst` (GPU memory when
     /// `gpu`). Returns whether the copy may be reported done now; otherwise `retire` reports it.
     ///
@@ -62,16 +67,16 @@ impl EagerCopies {
             self.order.push(None);
             return Ok(false);
         }
-        let ordinal = cuda::pointer_ordinal(dst as usize)?;
+        let ordinal = N::gpu_of(dst as usize)?;
         let c = match &mut self.gpu {
-            Some(c) if c.ordinal == ordinal => c,
+            Some(c) if c.gpu() == Some(ordinal) => c,
             Some(c) => {
                 return Err(Error::usage(format!(
                     "an eager message for GPU memory of CUDA device {ordinal} on a comm whose GPU buffers are on CUDA device {}: one comm serves one GPU",
-                    c.ordinal
+                    c.gpu().unwrap_or(-1)
                 )))
             }
-            None => self.gpu.insert(CudaCopier::new(ordinal, cuda::bus_id(ordinal)?)?),
+            None => self.gpu.insert(N::gpu_copier(ordinal)?),
         };
         let fence = slot % FENCES;
         // SAFETY: the caller's promise; `src` is registered host memory (the ring), readable by
@@ -97,7 +102,7 @@ impl EagerCopies {
     }
 }
 
-impl Drop for EagerCopies {
+impl<N: Nic> Drop for EagerCopies<N> {
     fn drop(&mut self) {
         // The ring the copies read goes after this: wait (bounded) for copies still running.
         if let Some(c) = &mut self.gpu {

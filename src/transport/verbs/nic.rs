@@ -1,6 +1,7 @@
 //! The seam between a verbs connection's data path and the NIC: the handful of verbs calls the
-//! shells make (post, poll, a queue pair's state after a failure, a flush queue pair) and what
-//! they ask of a port (its name, its state, its asynchronous events). libibverbs implements it
+//! shells make (post, poll, a queue pair's state after a failure, a flush queue pair), what
+//! they ask of a port (its name, its state, its asynchronous events), and the copier of eager
+//! payloads into GPU memory (a CUDA stream on hardware). libibverbs implements it
 //! ([`Verbs`]); a simulated NIC can implement it too, so that the shells that run on hardware
 //! are the ones a simulator drives. Everything else the shells do is plain memory: what the NIC
 //! wrote (FIFO, ring, sizes) is read, and what it reads is written, through registered
@@ -9,6 +10,8 @@
 use super::dev::IbPort;
 use super::res::{Cq, Link, QpRts, RegBuf};
 use crate::error::Result;
+use crate::gpu::cuda;
+use crate::gpu::staging::{Copier, CudaCopier};
 use crate::sys::ib::{ibv_recv_wr, ibv_send_wr, ibv_wc};
 use crate::sys::verbs;
 
@@ -49,6 +52,14 @@ pub trait Nic: Sized + 'static {
     type Cq;
     /// Registered memory a connection owns (the shells use its pieces, addresses and keys).
     type Mem;
+    /// What copies eager payloads out of the ring into GPUDirect receive buffers, finishing
+    /// later (`Copier::fence`, `Copier::reached`): a CUDA stream of the buffer's GPU on hardware.
+    type Gpu: Copier;
+
+    /// The CUDA device whose memory `addr` is.
+    fn gpu_of(addr: usize) -> Result<i32>;
+    /// A copier into the memory of CUDA device `ordinal`.
+    fn gpu_copier(ordinal: i32) -> Result<Self::Gpu>;
 
     fn qpn(qp: &Self::Qp) -> u32;
     /// Bytes a work request on `qp` may carry inline.
@@ -143,6 +154,15 @@ impl Nic for Verbs {
     type Qp = QpRts;
     type Cq = Cq;
     type Mem = RegBuf;
+    type Gpu = CudaCopier;
+
+    fn gpu_of(addr: usize) -> Result<i32> {
+        cuda::pointer_ordinal(addr)
+    }
+
+    fn gpu_copier(ordinal: i32) -> Result<CudaCopier> {
+        CudaCopier::new(ordinal, cuda::bus_id(ordinal)?)
+    }
 
     #[inline]
     fn qpn(qp: &QpRts) -> u32 {

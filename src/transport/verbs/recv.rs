@@ -52,7 +52,7 @@ pub struct Parts {
 pub struct VerbsRecv<N: Nic = Verbs> {
     /// Eager payloads on their way out of the ring (first: dropped, after its copies drained,
     /// before the ring they read).
-    copies: EagerCopies,
+    copies: EagerCopies<N>,
     qps: Vec<N::Qp>,
     /// The loopback queue pair of flush reads, made at the first flush (NCCL flushes GPUDirect
     /// receives only; most comms never do).
@@ -553,13 +553,17 @@ impl<N: Nic> Conn for VerbsRecv<N> {
         }
         let req = self.eng.post_flush().map_err(|e| self.c.proto(e))?;
         // A read through every member: each member's writes into GPU memory are visible once a
-        // read through it completes, and any member may have carried this buffer's data. Not a
-        // member whose queue pairs all failed over (no data came through it since).
-        let dead = self.c.qs.down();
-        let live = |k: usize| self.c.on_member(k) & !dead != 0;
-        self.flush_left[req as usize] = (0..ln).filter(|&k| live(k)).count() as u8;
+        // read through it completes, and any member may have carried this buffer's data, even
+        // one whose queue pairs failed over since (a cut link: the flush queue pair, a loopback
+        // on the member's own port, still reads). Not a member whose port is down (its reads
+        // would fail; what it wrote before lands in the end).
+        let live: u32 = (0..ln).filter(|&k| !self.c.member_down(k)).fold(0, |a, k| a | 1 << k);
+        self.flush_left[req as usize] = live.count_ones() as u8;
+        if live == 0 {
+            self.eng.on_flush_done(req);
+        }
         for k in 0..ln {
-            if self.c.on_member(k) & !dead == 0 {
+            if live & (1 << k) == 0 {
                 continue;
             }
             let Some(flush_qp) = &self.flush_qps[k] else { return Ok(None) };

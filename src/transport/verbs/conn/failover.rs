@@ -90,8 +90,8 @@ impl<N: Nic> Common<N> {
         }
         let mut i = 0;
         while i < self.verdicts.len() {
-            let (m, q) = (self.verdicts[i].m, self.verdicts[i].q);
-            if self.qs.down() & (1 << q) != 0 {
+            let (m, mask) = (self.verdicts[i].m, self.verdicts[i].mask);
+            if self.qs.down() & mask == mask {
                 // Failed over meanwhile (the peer named it, or its port's event came): no verdict
                 // is needed any more.
                 self.verdicts.swap_remove(i);
@@ -105,7 +105,7 @@ impl<N: Nic> Common<N> {
             let v = self.verdicts.swap_remove(i);
             let e = self.wc_error(&v.wc, m);
             if down {
-                self.mark_failed(1 << q, &e.to_string());
+                self.mark_failed(mask, &e.to_string());
             } else {
                 self.die(e);
             }
