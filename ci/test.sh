@@ -13,13 +13,12 @@ cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo clippy --release --all-targets -- -D warnings -D clippy::undocumented_unsafe_blocks
 cargo clippy --test shell_sim -- -D warnings -D clippy::undocumented_unsafe_blocks
 cargo test --release --no-fail-fast
-# The verbs protocol's two engines against each other in the simulator: 100,000 seeded schedules.
-RIVET_SIM_SCHEDULES=100000 cargo test --release --test sim random_schedules
-# The production verbs shells over a simulated NIC with its faults (links, ports, recovery,
-# fatal statuses, a side gone; adaptive routing, fused members): 100 seeded schedules in the dev
-# profile (its debug assertions check the shells' unsafe code too), 3,000 in release.
+# The production verbs shells and engines over a simulated NIC with its faults (links, ports,
+# recovery, fatal statuses, a side gone; adaptive routing and its hazard, fused members, GPU
+# memory, flushes, eager limits): 100 seeded schedules in the dev profile (its debug assertions
+# check the shells' unsafe code too), 10,000 in release.
 RIVET_SHELL_SIM_SCHEDULES=100 cargo test --test shell_sim
-RIVET_SHELL_SIM_SCHEDULES=3000 cargo test --release --test shell_sim
+RIVET_SHELL_SIM_SCHEDULES=10000 cargo test --release --test shell_sim
 # The soak over TCP: random traffic both ways, every byte checked, no growth of RSS, fds or threads
 # (RIVET_SOAK_MINUTES, default 3).
 NCCL_SOCKET_IFNAME=lo target/release/rivet soak --minutes "${RIVET_SOAK_MINUTES:-3}"

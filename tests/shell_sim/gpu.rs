@@ -45,13 +45,21 @@ impl Copier for SimGpu {
         }))
     }
     fn idle(&mut self) -> bool {
-        // At close: the stream finishes what it was given (its sources and destinations, the
-        // ring and the schedule's buffers, are still there).
+        // Asked at and after a close: the stream goes on by a batch, or finishes what it was
+        // given (its sources and destinations, the ring and the schedule's buffers, are still
+        // there); a comm closed while it runs leaves its ring until it is done.
         fab(|f| {
-            let batch = std::mem::take(&mut f.unfenced);
-            f.stream.push_back((usize::MAX, batch));
-            while f.run_batch() {}
-        });
-        true
+            if !f.unfenced.is_empty() {
+                let batch = std::mem::take(&mut f.unfenced);
+                f.stream.push_back((usize::MAX, batch));
+            }
+            if f.rng.chance(50) {
+                while f.run_batch() {}
+            } else {
+                f.run_batch();
+            }
+            f.gpu_busy += !f.stream.is_empty() as usize;
+            f.stream.is_empty()
+        })
     }
 }

@@ -185,6 +185,8 @@ pub(crate) struct Fabric {
     /// Copies the stream ran, flush reads completed (for the totals).
     pub(crate) gpu_copies: usize,
     pub(crate) flushes: usize,
+    /// Looks at a closed comm's copier that found copies still running.
+    pub(crate) gpu_busy: usize,
     /// Writes above this many bytes (and a packet) may deliver their immediate before their
     /// own data under adaptive routing; `ar_untold`: the ports tell the shells adaptive routing
     /// is off (so that they do not split such writes), to show the hazard is caught.
@@ -221,6 +223,7 @@ impl Default for Fabric {
             unfenced: Vec::new(),
             gpu_copies: 0,
             flushes: 0,
+            gpu_busy: 0,
             ar_threshold: 8192,
             ar_untold: false,
             gpu_lies: false,

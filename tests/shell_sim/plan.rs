@@ -109,6 +109,37 @@ pub(crate) fn plan(seed: u64) -> Plan {
     let mut r = Rng(seed ^ 0x9e_ca9e);
     let eager_max = r.pick(&EAGER_LIMITS);
     let mut p = plan_at(seed, eager_max);
+    // Three queue pairs (uneven over two members) in some of those drawn with four.
+    if p.nqps == 4 && r.chance(30) {
+        p.nqps = 3;
+        p.nparts = p.nparts.min(3);
+        match &mut p.fault {
+            Fault::Links(dies) => dies.iter_mut().for_each(|d| d.0 %= 3),
+            Fault::Fatal { q, .. } => *q %= 3,
+            _ => {}
+        }
+        // A member's failure, or two links', puts three logical queue pairs on one: the minimal
+        // queues cannot hold a send's parts then (RIVET_IB_MIN_QUEUES' documented limit).
+        if matches!(&p.fault, Fault::Port { .. }) || matches!(&p.fault, Fault::Links(d) if d.len() > 1) {
+            p.depths = Depths::DEFAULT;
+        }
+    }
+    // Parts per message as setup makes them: every queue pair (NCCL_IB_SPLIT_DATA_ON_QPS=1), or
+    // one per member of the larger side (0).
+    if p.nparts == 1 {
+        p.nparts = p.ls.max(p.lr).min(p.nqps);
+    }
+    // Sizes at the edges: the eager limit, the 128-byte split of a message over its parts.
+    let split = p.nparts * 128;
+    for (bufs, _) in &mut p.groups {
+        for b in bufs.iter_mut() {
+            if !r.chance(15) {
+                continue;
+            }
+            let edge = r.pick(&[eager_max.saturating_sub(1), eager_max, eager_max + 1, 127, 128, 129, split - 1, split, split + 1]);
+            *b = (b.0, edge, edge + (b.2 - b.1));
+        }
+    }
     p.ar_threshold = r.pick(&[8192, 8192, 0, 4096, 100_000]);
     p.flush = r.chance(50);
     let n = p.msgs();

@@ -2,12 +2,34 @@
 //! memory (GPUDirect receive buffers) by an asynchronous CUDA copy on the GPU's own stream,
 //! finished when the fence recorded after it is reached. NCCL's proxy thread never waits for a
 //! GPU: the ring slot, and the receive, are released only once the copy is done
-//! (`RecvEngine::copy_done`, called in the engine's order).
+//! (`RecvEngine::copy_done`, called in the engine's order). Nor does a close: a comm closed
+//! while copies still run leaves its copier and its ring (`leave`) until a later close or a new
+//! comm finds them done (`reap`).
 
 use super::nic::Nic;
 use crate::error::{Error, Result};
 use crate::gpu::staging::{Copier, FENCES};
 use std::collections::VecDeque;
+use std::sync::Mutex;
+
+/// What closed receive comms left: each looks once (no wait) whether its copies are done, and
+/// when they are, frees what it holds and answers true.
+pub type Left = Box<dyn FnMut() -> bool + Send>;
+
+static LEFT: Mutex<Vec<Left>> = Mutex::new(Vec::new());
+
+/// Keep what a closed comm's copies still use until they are done.
+pub fn leave(left: Left) {
+    LEFT.lock().unwrap_or_else(|p| p.into_inner()).push(left);
+}
+
+/// Free what closed comms left whose copies are done now (another thread at it: the next call
+/// does it). The count still kept.
+pub fn reap() -> usize {
+    let Ok(mut l) = LEFT.try_lock() else { return 0 };
+    l.retain_mut(|done| !done());
+    l.len()
+}
 
 /// The copies not yet reported to the engine, oldest first: `Some(fence)` a GPU copy, `None` a
 /// host copy that finished but waits behind an earlier GPU copy (the engine releases in order).
@@ -100,16 +122,14 @@ impl<N: Nic> EagerCopies<N> {
     pub fn is_empty(&self) -> bool {
         self.order.is_empty()
     }
-}
 
-impl<N: Nic> Drop for EagerCopies<N> {
-    fn drop(&mut self) {
-        // The ring the copies read goes after this: wait (bounded) for copies still running.
-        if let Some(c) = &mut self.gpu {
-            if !self.order.is_empty() && !c.drain(std::time::Duration::from_secs(2)) {
-                log::warn!("NET/rivet: closing a receive comm while a copy into GPU memory still runs after 2 s");
-            }
+    /// At close: the copier, if copies into GPU memory may still run (one look, no wait).
+    pub fn running(&mut self) -> Option<N::Gpu> {
+        if self.order.is_empty() {
+            return None;
         }
+        let mut c = self.gpu.take()?;
+        (!c.idle()).then_some(c)
     }
 }
 

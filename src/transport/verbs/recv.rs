@@ -3,7 +3,7 @@
 //! groups, credit words, flush reads) as work requests; copies eager payloads out of the ring.
 
 use super::conn::{members_id, mr_for, post_chain, rdma_wr, slot_bytes, Common, Drain, SqBook, DRAIN_WAIT, KIND_CTRL, KIND_DRAIN, KIND_FLUSH, KIND_RECV, KIND_SHIFT, RING_SLOTS};
-use super::nic::{Nic, Verbs};
+use super::nic::{Nic, NicPort, Verbs};
 use super::res::{Part, QpRts};
 use crate::error::{Error, Result};
 use crate::proto::recv::{EagerStep, RecvEngine, RecvPlan, RecvSpec, FLUSH_REQS, RECV_REQS};
@@ -30,7 +30,8 @@ pub const fn cts_stage_bytes(members: usize) -> usize {
 use crate::proto::ProtoError;
 use crate::sys::ib::*;
 use crate::transport::{path_of, Conn, Path, RecvBuf, MAX_RECVS};
-use super::eager::EagerCopies;
+use super::eager::{self, EagerCopies};
+use crate::gpu::staging::Copier;
 use std::sync::atomic::{fence, Ordering};
 
 // A GPU-bound eager copy is fenced by its ring slot's number.
@@ -103,8 +104,42 @@ pub struct VerbsRecv<N: Nic = Verbs> {
     wrs: [ibv_send_wr; 1],
     sges: [ibv_sge; 1],
     pub c: Common<N>,
-    /// What the parts are pieces of: dropped last, after the QPs and the copies that use it.
-    _mem: [N::Mem; 2],
+    /// What the parts are pieces of: dropped last, after the QPs; or, at a close while eager
+    /// copies into GPU memory still run, left with their copier until they are done.
+    mem: Option<[N::Mem; 2]>,
+}
+
+/// A closed comm's copier and memory its copies still read (the ring).
+struct Left<N: Nic> {
+    copier: N::Gpu,
+    mem: Option<[N::Mem; 2]>,
+}
+
+// SAFETY: the comm is closed: nothing else reads or writes the memory through its pointers or
+// uses the copier; both are only queried and released, under the list's lock.
+unsafe impl<N: Nic> Send for Left<N> {}
+
+impl<N: Nic> Left<N> {
+    /// Whether the copies are done (one look); if so, the memory is freed.
+    fn done(&mut self) -> bool {
+        let done = self.copier.idle();
+        if done {
+            self.mem = None;
+        }
+        done
+    }
+}
+
+impl<N: Nic> Drop for VerbsRecv<N> {
+    fn drop(&mut self) {
+        // NCCL's proxy thread never waits for a GPU, not at close either.
+        if let Some(copier) = self.copies.running() {
+            let mut left = Left::<N> { copier, mem: self.mem.take() };
+            log::info!("NET/rivet: {}: closed while copies into GPU memory still run: its ring is freed once they are done", self.c.where_(0));
+            eager::leave(Box::new(move || left.done()));
+        }
+        eager::reap();
+    }
 }
 
 // SAFETY: the raw pointers inside (work requests, registered memory) are owned by this comm and
@@ -160,7 +195,7 @@ impl<N: Nic> VerbsRecv<N> {
             // SAFETY: as above.
             sges: unsafe { std::mem::zeroed() },
             c,
-            _mem: mem,
+            mem: Some(mem),
         }
     }
 
@@ -555,9 +590,10 @@ impl<N: Nic> Conn for VerbsRecv<N> {
         // A read through every member: each member's writes into GPU memory are visible once a
         // read through it completes, and any member may have carried this buffer's data, even
         // one whose queue pairs failed over since (a cut link: the flush queue pair, a loopback
-        // on the member's own port, still reads). Not a member whose port is down (its reads
-        // would fail; what it wrote before lands in the end).
-        let live: u32 = (0..ln).filter(|&k| !self.c.member_down(k)).fold(0, |a, k| a | 1 << k);
+        // on the member's own port, still reads). Not a member whose port a PORT_ERR said is
+        // down (its reads would fail; what it wrote before lands in the end): the events as
+        // last read, no query of the device here.
+        let live: u32 = (0..ln).filter(|&k| !self.c.ports[k].seen_down()).fold(0, |a, k| a | 1 << k);
         self.flush_left[req as usize] = live.count_ones() as u8;
         if live == 0 {
             self.eng.on_flush_done(req);

@@ -1,5 +1,5 @@
-//! Deterministic randomness for the simulators (`tests/sim`, `tests/shell_sim`): splitmix64,
-//! so that a seed replays a schedule exactly.
+//! Deterministic randomness for the shells' simulator: splitmix64, so that a seed replays a
+//! schedule exactly.
 
 #[derive(Clone)]
 pub(crate) struct Rng(pub(crate) u64);
