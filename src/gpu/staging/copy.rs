@@ -34,18 +34,6 @@ pub trait Copier: Send {
     /// only at and after a close, so a copier may drop copies it has not started (the host
     /// copier does).
     fn idle(&mut self) -> bool;
-    /// Wait, bounded by `limit`, for every copy issued: false if some still run. Only for a
-    /// receive comm's eager copies at close, whose source (the comm's ring) goes with it.
-    fn drain(&mut self, limit: std::time::Duration) -> bool {
-        let start = std::time::Instant::now();
-        while !self.idle() {
-            if start.elapsed() > limit {
-                return false;
-            }
-            std::thread::yield_now();
-        }
-        true
-    }
     /// Free bounce memory (CUDA: inside the GPU's context).
     fn free(&mut self, mem: HostMem) {
         drop(mem);
@@ -101,7 +89,6 @@ impl CudaCopier {
         let stream = ctx.with(|| cuda::Stream::new(FENCES))?;
         Ok(CudaCopier { stream: ManuallyDrop::new(stream), ctx: ManuallyDrop::new(ctx), ordinal, bus_id })
     }
-
 }
 
 impl Copier for CudaCopier {

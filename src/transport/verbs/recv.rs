@@ -51,8 +51,8 @@ pub struct Parts {
 }
 
 pub struct VerbsRecv<N: Nic = Verbs> {
-    /// Eager payloads on their way out of the ring (first: dropped, after its copies drained,
-    /// before the ring they read).
+    /// Eager payloads on their way out of the ring (at close, a copier whose copies still run
+    /// is left with the ring they read: `Drop`).
     copies: EagerCopies<N>,
     qps: Vec<N::Qp>,
     /// The loopback queue pair of flush reads, made at the first flush (NCCL flushes GPUDirect
