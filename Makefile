@@ -1,6 +1,7 @@
 # `make` builds the plugin as NCCL names it (libnccl-net-rivet.so) and the rivet CLI;
 # `make install PREFIX=...` installs both; `make test` runs every test; `make dist` builds the
-# release tarballs for x86_64 and aarch64 (glibc 2.17, stripped, see ci/dist.sh) and checks them.
+# release tarballs for x86_64 and aarch64 (glibc 2.17, stripped, see ci/dist.sh), their SHA256SUMS,
+# and checks them; ci/dist-deps.sh first installs what that needs (zig in a virtual environment).
 PREFIX ?= /usr/local
 REL := target/release
 
@@ -19,6 +20,7 @@ bench:
 	python3 ci/bench_tcp.py
 
 dist:
+	bash ci/dist-deps.sh
 	bash ci/dist.sh --check
 
 .PHONY: all install test bench dist

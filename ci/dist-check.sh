@@ -10,6 +10,8 @@
 #    polling paths' atomics and fences). RIVET_DIST_APIS picks the ABI versions (default "12 8 6").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# zig and cargo-zigbuild, where ci/dist-deps.sh installed them.
+[ -x target/dist-venv/bin/python3 ] && export PATH="$PWD/target/dist-venv/bin:$PATH"
 arch=$1
 stage=$2
 so=$stage/lib/libnccl-net-rivet.so
@@ -47,10 +49,10 @@ run=()
 if [ "$arch" = x86_64 ]; then
   cc -O2 -std=gnu11 -o "$drv" nccl-tests/conformance.c -ldl
   # The tarball's CLI finds the tarball's plugin (../lib) and moves data through it.
-  env -u RIVET_LIB NCCL_SOCKET_IFNAME=lo "$stage/bin/rivet" allreduce -n 2 -e 64K --iters 2 > "target/dist/allreduce-$arch.log" 2>&1 ||
+  env -u RIVET_LIB NCCL_SOCKET_IFNAME=lo "$stage/bin/rivet" allreduce --ranks 2 -e 64K --iters 2 > "target/dist/allreduce-$arch.log" 2>&1 ||
     { cat "target/dist/allreduce-$arch.log"; fail "bin/rivet allreduce from the tarball"; }
   grep -q "^# Out of bounds values : 0 OK" "target/dist/allreduce-$arch.log" || fail "bin/rivet allreduce from the tarball: wrong results"
-  echo "dist-check $arch: bin/rivet allreduce -n 2 through lib/libnccl-net-rivet.so: 0 wrong"
+  echo "dist-check $arch: bin/rivet allreduce --ranks 2 through lib/libnccl-net-rivet.so: 0 wrong"
 else
   python3 -m ziglang cc -target aarch64-linux-gnu.2.17 -O2 -std=gnu11 -o "$drv" nccl-tests/conformance.c -ldl
   command -v qemu-aarch64 >/dev/null || fail "qemu-aarch64 missing: apt-get install qemu-user"

@@ -9,14 +9,18 @@
 #
 #   ci/dist.sh [--check]   --check: also verify the symbol versions (ci/dist-check.sh)
 #
-# Needs: pip install ziglang cargo-zigbuild; rustup target add aarch64-unknown-linux-gnu;
-# binutils and binutils-aarch64-linux-gnu (objcopy for each architecture).
+# Needs (ci/dist-deps.sh installs them): ziglang and cargo-zigbuild (in the virtual environment
+# target/dist-venv); rustup target add aarch64-unknown-linux-gnu; binutils and
+# binutils-aarch64-linux-gnu (objcopy for each architecture). Writes dist/SHA256SUMS of the
+# tarballs beside them (check with `sha256sum -c SHA256SUMS`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# zig and cargo-zigbuild, where ci/dist-deps.sh installed them.
+[ -x target/dist-venv/bin/python3 ] && export PATH="$PWD/target/dist-venv/bin:$PATH"
 check=0
 [ "${1:-}" = --check ] && check=1
 missing=()
-cargo zigbuild --help >/dev/null 2>&1 || missing+=("cargo-zigbuild and zig: pip install ziglang cargo-zigbuild")
+cargo zigbuild --help >/dev/null 2>&1 || missing+=("cargo-zigbuild and zig: bash ci/dist-deps.sh (installs them in a virtual environment)")
 grep -qx aarch64-unknown-linux-gnu <<< "$(rustup target list --installed 2>/dev/null)" || missing+=("the aarch64 standard library: rustup target add aarch64-unknown-linux-gnu")
 command -v objcopy >/dev/null || missing+=("objcopy: apt-get install binutils")
 command -v aarch64-linux-gnu-objcopy >/dev/null || missing+=("aarch64 objcopy: apt-get install binutils-aarch64-linux-gnu")
@@ -51,3 +55,6 @@ for arch in x86_64 aarch64; do
     bash ci/dist-check.sh "$arch" "$stage"
   fi
 done
+# Checksums of this version's tarballs, beside them.
+(cd dist && sha256sum "rivet-$version-x86_64-linux.tar.gz" "rivet-$version-aarch64-linux.tar.gz" > SHA256SUMS && sha256sum --quiet -c SHA256SUMS)
+echo "   dist/SHA256SUMS: $(wc -l < dist/SHA256SUMS) tarballs"

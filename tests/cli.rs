@@ -72,9 +72,9 @@ fn version_names_the_exported_tables() {
 #[test]
 fn bad_input_is_an_error_that_names_the_flag() {
     let cases: &[(&[&str], &str)] = &[
-        (&["allreduce", "-n", "four"], "'four' for '--nprocs <NPROCS>'"),
-        (&["allreduce", "-n", "1"], "--nprocs <NPROCS>"),
-        (&["allreduce", "-n"], "a value is required for '--nprocs <NPROCS>'"),
+        (&["allreduce", "--ranks", "four"], "'four' for '--ranks <RANKS>'"),
+        (&["allreduce", "--ranks", "1"], "--ranks <RANKS>"),
+        (&["allreduce", "-n"], "a value is required for '--iters <N>'"),
         (&["allreduce", "-b", "12Q"], "'12Q' is not a size"),
         (&["allreduce", "-f", "1"], "--stepfactor"),
         (&["allreduce", "--iters", "0"], "--iters"),
@@ -142,13 +142,24 @@ fn a_closed_pipe_ends_quietly() {
 /// `--lat-iters 0` skips the latency test instead of confusing the bandwidth test.
 #[test]
 fn perf_without_latency_test() {
-    let o = rivet(&["perf", "--lat-iters", "0", "--sizes", "64K,1M", "--bytes", "8M"]);
+    let o = rivet(&["perf", "--check", "--lat-iters", "0", "--sizes", "64K,1M", "--bytes", "8M"]);
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}{err}");
     assert!(!out.contains("# latency"), "{out}");
+    assert_checked(&out, 1);
     let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(rows.len(), 2, "{out}");
     assert!(rows[1].split_whitespace().next() == Some("1048576"), "{out}");
+}
+
+/// `rivet perf --check`'s lines: each of `ranks` ranks received messages, every byte as sent.
+fn assert_checked(out: &str, ranks: usize) {
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("# data check, rank ")).collect();
+    assert_eq!(lines.len(), ranks, "a data check line per receiving rank:\n{out}");
+    for l in lines {
+        let n: u64 = l.split(" in ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+        assert!(l.contains(": 0 wrong byte(s) in ") && n > 0, "{l}");
+    }
 }
 
 /// `--abi N` drives the plugin through its ncclNetPlugin_vN table, as an NCCL of that version
@@ -157,9 +168,10 @@ fn perf_without_latency_test() {
 #[test]
 fn perf_through_every_table_version() {
     for v in 6..=12 {
-        let o = rivet(&["perf", "--abi", &v.to_string(), "--lat-iters", "200", "--sizes", "64K,1M", "--bytes", "4M"]);
+        let o = rivet(&["perf", "--check", "--abi", &v.to_string(), "--lat-iters", "200", "--sizes", "64K,1M", "--bytes", "4M"]);
         let (out, err) = text(&o);
         assert_eq!(o.status.code(), Some(0), "v{v}: {out}{err}");
+        assert_checked(&out, 2);
         assert!(out.contains(&format!("(ncclNet v{v}, plugin rivet)")), "v{v}: {out}");
         let lat = out.lines().find(|l| l.starts_with("# latency")).unwrap_or_else(|| panic!("v{v}: no latency line: {out}"));
         let num = |k: &str| -> f64 {
@@ -203,7 +215,7 @@ fn a_plugin_that_fills_its_table_in_init() {
 /// closing lines.
 #[test]
 fn allreduce_prints_all_reduce_perf_layout() {
-    let o = rivet(&["allreduce", "-n", "3", "-b", "8", "-e", "128K", "-f", "4", "--iters", "3", "-w", "1"]);
+    let o = rivet(&["allreduce", "--ranks", "3", "-b", "8", "-e", "128K", "-f", "4", "-n", "3", "-w", "1"]);
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}{err}");
     let lines: Vec<&str> = out.lines().collect();
@@ -273,7 +285,7 @@ fn perf_comms(args: &[&str]) -> String {
     let o = Command::new(env!("CARGO_BIN_EXE_rivet"))
         .arg("perf")
         .args(args)
-        .args(["--bytes", "4M", "--lat-iters", "50"])
+        .args(["--bytes", "4M", "--lat-iters", "50", "--check"])
         .env("NCCL_SOCKET_IFNAME", "lo")
         .env("NCCL_IB_DISABLE", "1")
         .env("RIVET_SOCKET_NSTREAMS", "3")
@@ -328,4 +340,55 @@ fn perf_comms_warm_connects_an_untimed_first_pair_and_closes_it() {
     let (out, err) = text(&o);
     assert_ne!(o.status.code(), Some(0), "{out}{err}");
     assert!(err.contains("--comms"), "{err}");
+}
+
+/// A host with GPUs and RDMA devices (the dgx-h100 example machine) whose rivet finds no usable
+/// RDMA port runs over TCP with one WARN that says why and what to do; RIVET_TRANSPORT=verbs makes
+/// `init` fail instead (with the reason), and RIVET_TRANSPORT=tcp chooses TCP without the WARN.
+/// NCCL_IB_HCA matches nothing, so that no port is usable even where this host has one.
+#[test]
+fn tcp_where_rdma_was_expected_is_warned_and_rivet_transport_verbs_refuses_it() {
+    let dir = std::env::temp_dir().join(format!("rivet-tcpwarn-{}", std::process::id()));
+    let sys = dir.join("sys");
+    let o = rivet(&["topo", "--example", "dgx-h100", "--write", sys.to_str().unwrap()]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let info = |env: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rivet"));
+        c.arg("info").env("NCCL_SOCKET_IFNAME", "lo").env("NCCL_IB_HCA", "=no_such_hca").env_remove("NCCL_DEBUG").env_remove("NCCL_IB_DISABLE").env_remove("RIVET_TRANSPORT");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let dgx = [("RIVET_SYSFS_ROOT", sys.to_str().unwrap())];
+    let o = info(&dgx);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(out.contains("dev 0: name lo"), "TCP is used:\n{out}");
+    let warns: Vec<&str> = err.lines().filter(|l| l.contains("NCCL WARN")).collect();
+    assert_eq!(warns.len(), 1, "one WARN:\n{err}");
+    for part in ["this host has 8 GPU(s) and 8 RDMA device(s) (mlx5_0", "runs over TCP", "RIVET_TRANSPORT=verbs", "RIVET_TRANSPORT=tcp"] {
+        assert!(warns[0].contains(part), "the WARN lacks {part:?}:\n{}", warns[0]);
+    }
+    // A host with neither GPUs nor RDMA devices: TCP is what it has, no WARN.
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = info(&[("RIVET_SYSFS_ROOT", empty.to_str().unwrap())]);
+    let (out, err) = text(&o);
+    assert!(o.status.success() && !err.contains("WARN"), "{out}{err}");
+    // Chosen TCP: no WARN.
+    let o = info(&[dgx[0], ("RIVET_TRANSPORT", "tcp")]);
+    let (out, err) = text(&o);
+    assert!(o.status.success() && !err.contains("WARN"), "{out}{err}");
+    // RDMA required: init fails, saying why and how to get RDMA or TCP back.
+    for env in [&[dgx[0], ("RIVET_TRANSPORT", "verbs")][..], &[("RIVET_TRANSPORT", "verbs"), ("RIVET_SYSFS_ROOT", empty.to_str().unwrap())]] {
+        let o = info(env);
+        let (out, err) = text(&o);
+        assert_ne!(o.status.code(), Some(0), "{out}{err}");
+        assert!(err.contains("RIVET_TRANSPORT=verbs requires RDMA, but ") && err.contains("RIVET_TRANSPORT=auto"), "{err}");
+        assert!(!out.contains("dev 0"), "no device offered:\n{out}");
+    }
+    let o = info(&[("RIVET_TRANSPORT", "verbs"), ("NCCL_IB_DISABLE", "1")]);
+    assert!(!o.status.success() && text(&o).1.contains("NCCL_IB_DISABLE=1 forbids it"), "{:?}", text(&o));
+    let _ = std::fs::remove_dir_all(&dir);
 }

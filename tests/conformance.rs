@@ -230,3 +230,63 @@ fn ld_preload_is_found_by_soname_and_as_static_plugin() {
     let (ok, _) = run_driver(&["--lib", "libnccl-net-rivet.so", "--api", "8", "--case", "props"], &[]);
     assert!(!ok);
 }
+
+/// With `NCCL_DEBUG=INFO` and NCCL's default `NCCL_DEBUG_SUBSYS` (INIT,BOOTSTRAP,ENV: NCCL shows
+/// an INFO line only if its flags meet that mask), a user sees every line that confirms one of
+/// rivet's decisions: the library and its devices, the transport, GPU support, each connection's
+/// transport, and RIVET_STATS's figures. Every line rivet logs carries NCCL_NET, so
+/// `NCCL_DEBUG_SUBSYS=NET` shows them all. The driver prints each line with the flags it got.
+#[test]
+fn the_lines_that_confirm_decisions_show_under_nccls_default_subsystems() {
+    const NCCL_INIT: u64 = 0x1;
+    const NCCL_NET: u64 = 0x10;
+    const NCCL_ENV: u64 = 0x80;
+    const NCCL_BOOTSTRAP: u64 = 0x1000;
+    let default_mask = NCCL_INIT | NCCL_BOOTSTRAP | NCCL_ENV;
+    let l = lib();
+    let env = [("NCCL_DEBUG", "INFO"), ("RIVET_STATS", "1"), ("RIVET_STAGE_HOST", "1"), ("RIVET_SOCKET_CUDA", "1")];
+    let mut out = String::new();
+    for case in ["props", "sizes"] {
+        let (ok, o) = run_driver(&["-v", "--lib", l.to_str().unwrap(), "--api", "12", "--case", case], &env);
+        assert!(ok, "{o}");
+        out += &o;
+    }
+    // "[pid N] plugin INFO (flags 0x11) file:line message"
+    let infos: Vec<(u64, &str)> = out
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("plugin INFO (flags 0x").nth(1)?;
+            let (hex, msg) = rest.split_once(')')?;
+            Some((u64::from_str_radix(hex, 16).ok()?, msg))
+        })
+        .collect();
+    assert!(!infos.is_empty(), "no INFO line:\n{out}");
+    for (flags, msg) in &infos {
+        assert!(flags & NCCL_NET != 0, "an INFO line without NCCL_NET: {msg}");
+    }
+    let shown: Vec<&str> = infos.iter().filter(|(f, _)| f & default_mask != 0).map(|(_, m)| *m).collect();
+    for want in ["NET/rivet: rivet ", "NET/rivet: device 0: ", "transport TCP", "NET/rivet: host memory only", "over TCP with", "accepted a TCP connection", "NET/rivet: stats "] {
+        assert!(shown.iter().any(|m| m.contains(want)), "{want:?} does not show under NCCL's default subsystems; shown:\n{}\nall:\n{out}", shown.join("\n"));
+    }
+}
+
+/// Settings from `/etc/nccl.conf` reach rivet: NCCL applies the file with setenv() before it loads
+/// its net plugin, and rivet reads its variables at the first `init`, not when it is loaded. A
+/// stand-in for NCCL (tests/c/confenv.c) sets NCCL_SOCKET_IFNAME to an interface that does not
+/// exist, before dlopen as NCCL does and, to be sure, between dlopen and init: `init` must fail
+/// naming it (without the setting it succeeds over TCP on lo).
+#[test]
+fn settings_nccl_applies_from_nccl_conf_reach_rivet() {
+    let exe = cc("tests/c/confenv.c", "rivet-confenv", &["-std=gnu11", "-ldl"]);
+    let run = |args: &[&str]| {
+        let out = Command::new(&exe).arg(lib()).args(args).env_remove("NCCL_SOCKET_IFNAME").env("NCCL_IB_DISABLE", "1").output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let ok = run(&["NCCL_SOCKET_IFNAME", "lo"]);
+    assert!(ok.contains("init 0 devices 1"), "{ok}");
+    for late in [&[][..], &["--late"]] {
+        let out = run(&[&["NCCL_SOCKET_IFNAME", "no_such_if0"][..], late].concat());
+        assert!(!out.contains("init 0 "), "init took no notice of the setting:\n{out}");
+        assert!(out.contains("WARN") && out.contains("NCCL_SOCKET_IFNAME=no_such_if0"), "{out}");
+    }
+}

@@ -297,8 +297,8 @@ fn a_setting_that_is_not_utf8_warns() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("NCCL_SOCKET_IFNAME=eth\u{fffd}0 is invalid: it is not valid UTF-8; using the default all but lo, docker*"), "{err}");
-    assert!(err.contains("RIVET_SOCKET_NSTREAMS=\u{fffd}( is invalid: it is not valid UTF-8; using the default 2"), "{err}");
+    assert!(err.contains("NCCL_SOCKET_IFNAME=eth\u{fffd}0 is invalid: it accepts valid UTF-8 only; using the default all but lo, docker*"), "{err}");
+    assert!(err.contains("RIVET_SOCKET_NSTREAMS=\u{fffd}( is invalid: it accepts valid UTF-8 only; using the default 2"), "{err}");
 }
 
 #[test]
@@ -359,7 +359,7 @@ fn libibverbs_hidden_in_a_mount_namespace_falls_back_to_tcp() {
     let root = unsafe { libc::geteuid() } == 0;
     let unshare = std::process::Command::new("unshare").arg("--version").output().is_ok_and(|o| o.status.success());
     if std::env::var("RIVET_TEST_CHILD").as_deref() != Ok(name) && !(root && unshare && lib.is_some()) {
-        println!("SKIP {name}: needs root, unshare and an installed libibverbs (root {root}, unshare {unshare}, lib {lib:?})");
+        skip(name, &format!("needs root, unshare and an installed libibverbs (root {root}, unshare {unshare}, lib {lib:?})"));
         return;
     }
     let script = format!("mount --bind /dev/null {} && exec \"$0\" \"$@\"", lib.unwrap_or(""));

@@ -161,11 +161,11 @@ fn a_vanished_host_is_reported_unreachable_on_both_sides() {
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        println!("SKIP a_vanished_host_is_reported_unreachable_on_both_sides: needs root (ip netns)");
+        skip("a_vanished_host_is_reported_unreachable_on_both_sides", "needs root (ip netns)");
         return;
     }
     let Some(ns) = Netns::new() else {
-        println!("SKIP a_vanished_host_is_reported_unreachable_on_both_sides: cannot create network namespaces with a veth pair");
+        skip("a_vanished_host_is_reported_unreachable_on_both_sides", "cannot create network namespaces with a veth pair (iproute2's ip, root)");
         return;
     };
     let dir: PathBuf = std::env::temp_dir().join(format!("rivet-liveness-{}", std::process::id()));

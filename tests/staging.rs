@@ -69,7 +69,7 @@ fn a_handle_registered_through_another_comm() {
 #[test]
 fn a_send_moves_while_the_caller_waits_on_a_receive() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rivet"))
-        .args(["perf", "--sizes", "64K,1M", "--bytes", "8M", "--lat-iters", "50"])
+        .args(["perf", "--check", "--sizes", "64K,1M", "--bytes", "8M", "--lat-iters", "50"])
         .env("RIVET_STAGE_HOST", "1")
         .env("NCCL_SOCKET_IFNAME", "lo")
         .env("RIVET_TIMEOUT", "5")
@@ -78,4 +78,5 @@ fn a_send_moves_while_the_caller_waits_on_a_receive() {
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("# latency (8 B ping-pong, one way): typical"), "{text}");
+    assert_eq!(text.matches(": 0 wrong byte(s) in ").count(), 2, "every byte through the staging engine as sent:\n{text}");
 }

@@ -20,16 +20,6 @@ static INSTALL: Once = Once::new();
 struct Bridge;
 static BRIDGE: Bridge = Bridge;
 
-fn level_from_env() -> LevelFilter {
-    match crate::config::nccl_debug().map(|s| s.to_ascii_uppercase()).as_deref() {
-        Some("TRACE") => LevelFilter::Trace,
-        Some("INFO") => LevelFilter::Info,
-        Some("WARN") | Some("ABORT") | Some("VERSION") => LevelFilter::Warn,
-        Some("NONE") => LevelFilter::Off,
-        _ => LevelFilter::Warn,
-    }
-}
-
 /// Install the bridge (once per process) and, when called from NCCL's `init`, remember its logger.
 pub fn install(logger: ncclDebugLogger_t) {
     if let Some(f) = logger {
@@ -37,7 +27,9 @@ pub fn install(logger: ncclDebugLogger_t) {
     }
     INSTALL.call_once(|| {
         if log::set_logger(&BRIDGE).is_ok() {
-            log::set_max_level(level_from_env());
+            // WARN first, so that an invalid NCCL_DEBUG's own WARN is seen.
+            log::set_max_level(LevelFilter::Warn);
+            log::set_max_level(crate::config::debug_level(&crate::config::env));
         }
     });
 }

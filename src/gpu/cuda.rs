@@ -123,12 +123,13 @@ pub fn get() -> std::result::Result<&'static Cuda, &'static str> {
         let r = std::panic::catch_unwind(load).unwrap_or_else(|_| Err("loading the CUDA driver panicked".into()));
         match &r {
             Ok(c) => log::info!(
+                target: crate::log::INIT,
                 "NET/rivet: CUDA driver {}.{} with {} GPU(s)",
                 c.driver_version / 1000,
                 c.driver_version % 1000 / 10,
                 c.devices
             ),
-            Err(why) => log::info!("NET/rivet: host memory only: {why}"),
+            Err(why) => log::info!(target: crate::log::INIT, "NET/rivet: host memory only: {why}"),
         }
         r
     });

@@ -231,6 +231,7 @@ fn by_subnet(dev: i32, h: &Handle) -> Result<i32> {
     let chosen = crate::transport::verbs::select::device_by_subnet(&h.gids, dev as usize, &gids, cfg.ib_subnet_prefix_len) as i32;
     if chosen != dev {
         log::info!(
+            target: crate::log::INIT,
             "NET/rivet: connect to {}: device {dev} is not on the listener's subnet; using device {chosen} ({}), which is (NCCL_IB_SUBNET_AWARE_ROUTING, /{} for IPv4)",
             h.addr,
             device(chosen)?.info().name.to_string_lossy(),

@@ -58,7 +58,7 @@ fn reg_gpu(c: &mut Comm, d: &'static dyn Transport, data: *mut c_void, size: usi
             r.info.gpu = Some(pi.ordinal);
             if first {
                 if let gdr::Decision::Gdr(why) = &decision {
-                    log::info!("NET/rivet: GDR on {nic} for GPU {}: {why}", pi.bus_id);
+                    log::info!(target: crate::log::INIT, "NET/rivet: GDR on {nic} for GPU {}: {why}", pi.bus_id);
                 }
                 g.gpu = Some((pi.ordinal, decision));
             }
@@ -67,7 +67,7 @@ fn reg_gpu(c: &mut Comm, d: &'static dyn Transport, data: *mut c_void, size: usi
         Err(why) => {
             g.ensure_copier(Some(pi.ordinal))?;
             if first || matches!(decision, gdr::Decision::Gdr(_)) {
-                log::info!("NET/rivet: host staging for GPU {} on {nic}: {why}", pi.bus_id);
+                log::info!(target: crate::log::INIT, "NET/rivet: host staging for GPU {} on {nic}: {why}", pi.bus_id);
                 g.gpu = Some((pi.ordinal, gdr::Decision::Staging(why)));
             }
             Ok(Registered { info: staged_mr(data, size, Some(pi.ordinal)), owner: None })

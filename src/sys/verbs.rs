@@ -258,7 +258,7 @@ pub fn get() -> Result<&'static Verbs, LoadError> {
                 (Some(p), _) => Verbs::load(&p)?,
                 // As NCCL: the named library first, then the default.
                 (None, Some(p)) => Verbs::load(&p).or_else(|e| {
-                    log::info!("NET/rivet: NCCL_IBVERBS_LIB: {}; trying {DEFAULT_LIB}", e.0);
+                    log::info!(target: crate::log::INIT, "NET/rivet: NCCL_IBVERBS_LIB: {}; trying {DEFAULT_LIB}", e.0);
                     Verbs::load(DEFAULT_LIB)
                 })?,
                 (None, None) => Verbs::load(DEFAULT_LIB)?,

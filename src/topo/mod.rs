@@ -14,7 +14,7 @@ use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
 #[cfg(test)]
-mod fixture;
+pub(crate) mod fixture;
 #[cfg(test)]
 mod tests;
 

@@ -42,6 +42,53 @@ step() {  # step NAME COMMAND... (its own variable names: lib.sh's pt_pair uses 
 IMPAIR $_sname $_v (${_sdt}s)"
 }
 
+# Each impairment must have happened: a netem rule that did nothing cannot pass. rxe's counters
+# (summed over rxe0 and rxe1), the kernel's TCP counters and netem's own drops are read before
+# and after each transport's steps, and `moved` checks what the impairment must have moved, by
+# mechanism: a packet that went missing or came early (loss, reordering, corruption: rxe's
+# out_of_seq_request, 0 on a clean link, where the emulator's spurious retransmissions move
+# only the duplicate and retry counters), more packets received than sent (duplication: rxe's
+# rcvd_pkts over sent_pkts), netem's drops (loss), TCP's reordering and checksum-error
+# counters, and the 8-byte latency (a 5 ms delay each way). TCP has no counter of duplicates
+# received: its D-SACKs sent must be more than twice the clean link's (125 there, 801 under 1 %).
+RXE_CNTS="out_of_seq_request rcvd_seq_err completer_retry_err duplicate_request sent_pkts rcvd_pkts"
+TCP_CNTS="RetransSegs InCsumErrors TCPSACKReorder TCPDSACKOldSent"
+snap() {  # snap PREFIX: PREFIX_<counter> for every counter, and PREFIX_drops (netem)
+  for _c in $RXE_CNTS; do
+    _s=0
+    for _d in rxe0 rxe1; do _v=0; read -r _v 2>/dev/null < /sys/class/infiniband/$_d/ports/1/hw_counters/$_c; _s=$((_s + _v)); done
+    eval "${1}_$_c=$_s"
+  done
+  for _c in $TCP_CNTS; do
+    eval "${1}_$_c=$(awk -v c=$_c '$1 ~ /^(Tcp|TcpExt):$/ { if (h[$1] == "") { for (i = 2; i <= NF; i++) h[$1] = h[$1] " " $i; split(h[$1], n, " "); for (i in n) col[$1 ":" n[i]] = i + 1; next } k = $1 ":" c; if (k in col) v += $(col[k]) } END { print v + 0 }' /proc/net/snmp /proc/net/netstat)"
+  done
+  _d0=$($TC -s qdisc show dev veth0 | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1)
+  _d1=$($TC -s qdisc show dev veth1 | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1)
+  eval "${1}_drops=$((${_d0:-0} + ${_d1:-0}))"
+}
+d() { eval "echo \$((a_$1 - b_$1))"; }  # d COUNTER: after minus before
+moved() {  # moved TRANSPORT IMPAIRMENT: after `snap b`, checks against now
+  snap a
+  echo "# $1 under '$2': rxe out_of_seq_request +$(d out_of_seq_request) rcvd_seq_err +$(d rcvd_seq_err) completer_retry_err +$(d completer_retry_err) duplicate_request +$(d duplicate_request) sent_pkts +$(d sent_pkts) rcvd_pkts +$(d rcvd_pkts); TCP RetransSegs +$(d RetransSegs) InCsumErrors +$(d InCsumErrors) TCPSACKReorder +$(d TCPSACKReorder) TCPDSACKOldSent +$(d TCPDSACKOldSent); netem drops +$(d drops); latency ${last_lat:-?} us"
+  case "$1:$2" in
+    tcp:none) clean_dsack=$(d TCPDSACKOldSent); return 0 ;;
+    *:none) return 0 ;;
+    *:"loss "*) [ "$(d drops)" -gt 0 ] || { echo "netem dropped nothing"; return 1; } ;;
+  esac
+  case "$1:$2" in
+    verbs:"loss "*|verbs:*reorder*|verbs:"corrupt "*) [ "$(d out_of_seq_request)" -gt 0 ] || { echo "rxe saw no packet missing or out of sequence (out_of_seq_request did not move)"; return 1; } ;;
+    verbs:"duplicate "*) [ "$(d rcvd_pkts)" -gt "$(d sent_pkts)" ] || { echo "rxe received no more packets than it sent: nothing was duplicated"; return 1; } ;;
+    tcp:"loss "*) [ "$(d RetransSegs)" -gt 0 ] || { echo "TCP retransmitted nothing"; return 1; } ;;
+    tcp:*reorder*) [ "$(d TCPSACKReorder)" -gt 0 ] || { echo "TCP saw no reordering (TCPSACKReorder did not move)"; return 1; } ;;
+    tcp:"corrupt "*) [ "$(d InCsumErrors)" -gt 0 ] || { echo "TCP saw no checksum error"; return 1; } ;;
+    tcp:"duplicate "*) [ "$(d TCPDSACKOldSent)" -gt $((2 * ${clean_dsack:-0})) ] || { echo "TCP sent $(d TCPDSACKOldSent) D-SACKs, not more than twice the clean link's ${clean_dsack:-0}: nothing was duplicated"; return 1; } ;;
+  esac
+  case "$2" in
+    "delay 5ms"*) awk -v l="${last_lat:-0}" 'BEGIN { exit !(l >= 4000) }' || { echo "8-byte latency ${last_lat:-?} us under a 5 ms delay each way"; return 1; } ;;
+  esac
+  return 0
+}
+
 verbs_env() { unset NCCL_IB_DISABLE NCCL_SOCKET_IFNAME; }
 tcp_env() { export NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=veth; }
 
@@ -52,9 +99,10 @@ conf() {
 }
 soak() { ./rivet soak --lib $LIB --dev 0,1 --minutes 0.25 --max-size 1M --buffers host; }
 perf() {  # perf LABEL TRANSPORT: one table row
-  ./rivet perf --lib $LIB --dev 0,1 --sizes 1M --bytes 64M --lat-iters 200 > /tmp/perf.log 2>&1 || { cat /tmp/perf.log; return 1; }
+  ./rivet perf --check --lib $LIB --dev 0,1 --sizes 1M --bytes 64M --lat-iters 200 > /tmp/perf.log 2>&1 || { cat /tmp/perf.log; return 1; }
   cat /tmp/perf.log
   _lat=$(sed -n 's/.*typical \([0-9.]*\) us.*/\1/p' /tmp/perf.log)
+  last_lat=$_lat
   _bw=$(awk '!/^#/ && NF == 4 { print $4 }' /tmp/perf.log)
   table="$table
 TABLE | $1 | $2 | $_bw | $_lat |"
@@ -73,14 +121,18 @@ for imp in "none" "loss 1%" "delay 2ms reorder 5% 50%" "delay 5ms 2ms rate 10gbi
   impair $imp || { echo "IMPAIR netem-$label FAIL (tc netem $imp not available)"; failed=$((failed + 1)); continue; }
   $TC qdisc show dev veth0 | sed 's/^/# /'
   verbs_env
+  snap b; last_lat=
   step "verbs-conformance-$label" conf
   step "verbs-soak-$label" soak
   step "verbs-perf-$label" perf "$imp" "RDMA verbs"
+  step "verbs-impaired-$label" moved verbs "$imp"
   step "perftest-$label" perftest "$imp"
   tcp_env
+  snap b; last_lat=
   step "tcp-conformance-$label" conf
   step "tcp-soak-$label" soak
   step "tcp-perf-$label" perf "$imp" "TCP"
+  step "tcp-impaired-$label" moved tcp "$imp"
   verbs_env
 done
 impair none
@@ -94,11 +146,24 @@ done
 # Each output line gets the guest's uptime in front, so the WARNs can be timed.
 stamp() { while IFS= read -r _l; do read -r _t _ < /proc/uptime; echo "$_t $_l"; done; }
 flap() {  # flap SECS expect(survive|fail) BOUND
-  (./rivet perf --lib $LIB --dev 0,1 --sizes 1M --bytes 512M --lat-iters 10 2>&1; echo "EXIT $?") | stamp > /tmp/flap.log &
-  sleep 2
+  (./rivet perf --check --lib $LIB --dev 0,1 --sizes 1M --bytes 512M --lat-iters 10 2>&1; echo "EXIT $?") | stamp > /tmp/flap.log &
+  # Once the stream runs (its table's header).
+  wait_for /tmp/flap.log 'size[(]B[)]|EXIT' 1 600 || { echo "rivet perf did not start its stream"; cat /tmp/flap.log; return 1; }
   now; _t0=$NOW
   impair loss 100%
-  sleep "$1"
+  # The outage's length, watching the ranks: still running 5 s after both WARNed, their threads
+  # are dumped (once) so that what they wait in is on record.
+  _dumped=0; rm -f /tmp/dump.log
+  while now; awk -v a=$_t0 -v b=$NOW -v s=$1 'BEGIN { exit !(b - a < s) }'; do
+    sleep 0.2
+    [ $_dumped = 0 ] || continue
+    grep -q " EXIT " /tmp/flap.log && continue
+    [ "$(grep -oE "NCCL WARN" /tmp/flap.log | wc -l)" -ge 2 ] || continue
+    _lw=$(awk '/NCCL WARN/ { t = $1 } END { print t }' /tmp/flap.log)
+    awk -v a=$_lw -v b=$NOW 'BEGIN { exit !(b - a > 5) }' || continue
+    _dumped=1
+    { echo "# the ranks still run 5 s after their WARNs:"; dump_threads rivet; } > /tmp/dump.log 2>&1
+  done
   impair none
   _i=0; while ! grep -q " EXIT " /tmp/flap.log && [ $_i -lt 1200 ]; do sleep 0.1; _i=$((_i + 1)); done
   wait
@@ -119,6 +184,8 @@ flap() {  # flap SECS expect(survive|fail) BOUND
   [ "$_n" -ge 2 ] || { echo "not both ranks named the cause ($_n WARNs)"; return 1; }
   _last=$(awk -v a=$_t0 '/NCCL WARN/ { t = $1 - a } END { printf "%.1f", t }' /tmp/flap.log)
   awk -v d=$_last -v b=$3 'BEGIN { exit !(d <= b) }' || { echo "the last WARN came ${_last} s after the outage began, more than $3 s"; return 1; }
+  # A rank that has failed exits: it must not wait for the link to come back.
+  awk -v w=$_last -v e=$_end 'BEGIN { exit !(e - w <= 5) }' || { echo "the ranks exited ${_end} s after the outage began, $(awk -v w=$_last -v e=$_end 'BEGIN { printf "%.1f", e - w }') s after their last WARN (at most 5 s)"; cat /tmp/dump.log 2>/dev/null; return 1; }
   echo "a ${1} s outage: both ranks failed naming the cause, the last WARN ${_last} s after it began (the ranks exited after ${_end} s)"
 }
 # The verbs retry budget: 7 tries x 268 ms; RIVET_TIMEOUT=10 for TCP.

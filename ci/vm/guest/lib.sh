@@ -141,3 +141,33 @@ wire_up() {
   done
   return 1
 }
+
+# wait_for FILE REGEX [COUNT [TENTHS [PID]]]: until FILE has COUNT (default 1) lines matching the
+# extended REGEX (default: up to 60 s); gives up early when process PID has exited. The VM steps
+# order their events by this, not by fixed sleeps (a loaded host stretches every phase).
+wait_for() {
+  _wn=0
+  while [ $_wn -lt "${4:-600}" ]; do
+    [ "$(grep -cE "$2" "$1" 2>/dev/null)" -ge "${3:-1}" ] && return 0
+    [ -z "${5:-}" ] || kill -0 "$5" 2>/dev/null || return 1
+    sleep 0.1; _wn=$((_wn + 1))
+  done
+  return 1
+}
+
+# dump_threads COMM: every thread of every process named COMM, as the kernel sees it (state,
+# wait channel, system call, kernel stack), and the process's executable mappings (to place a
+# user-space address of the system call line): what a step that finds a process hanging prints.
+dump_threads() {
+  for _p in /proc/[0-9]*; do
+    _c=; read -r _c 2>/dev/null < $_p/comm || continue
+    [ "$_c" = "$1" ] || continue
+    echo "# pid ${_p#/proc/}: $(tr '\0' ' ' < $_p/cmdline 2>/dev/null | cut -c1-160)"
+    for _t in $_p/task/*; do
+      _tc=; read -r _tc 2>/dev/null < $_t/comm
+      echo "#   thread ${_t##*/} [$_tc] state $(awk '{print $3}' $_t/stat 2>/dev/null) wchan $(cat $_t/wchan 2>/dev/null) syscall $(cat $_t/syscall 2>/dev/null)"
+      sed 's/^/#       /' $_t/stack 2>/dev/null | head -12
+    done
+    grep 'r-xp' $_p/maps 2>/dev/null | sed 's/^/#   map /'
+  done
+}

@@ -14,7 +14,7 @@ use std::time::Instant;
 #[derive(Args)]
 pub struct Opts {
     /// Number of local processes (ranks) in the ring
-    #[arg(short = 'n', long = "nprocs", value_name = "NPROCS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=64), allow_negative_numbers = true)]
+    #[arg(long = "ranks", visible_alias = "nprocs", value_name = "RANKS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=64), allow_negative_numbers = true)]
     pub nprocs: u16,
     /// Smallest size in bytes (4096, 64K, 16M, 1G)
     #[arg(short = 'b', long = "minbytes", value_name = "SIZE", default_value = "8", value_parser = parse_size)]
@@ -25,8 +25,8 @@ pub struct Opts {
     /// Multiply the size by this factor between steps
     #[arg(short = 'f', long = "stepfactor", value_name = "FACTOR", default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=1024), allow_negative_numbers = true)]
     pub factor: u32,
-    /// Timed iterations per size
-    #[arg(long = "iters", value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1_000_000), allow_negative_numbers = true)]
+    /// Timed iterations per size (all_reduce_perf's -n)
+    #[arg(short = 'n', long = "iters", value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1_000_000), allow_negative_numbers = true)]
     pub iters: u32,
     /// Untimed iterations before the timed ones
     #[arg(short = 'w', long = "warmup_iters", visible_alias = "warmup", value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=1_000_000), allow_negative_numbers = true)]

@@ -39,7 +39,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// A ring allreduce of NPROCS local processes through the plugin, in nccl-tests' all_reduce_perf layout
+    /// A ring allreduce of RANKS local processes (--ranks) through the plugin, in nccl-tests' all_reduce_perf layout
     Allreduce(allreduce::Opts),
     /// 8-byte ping-pong latency and streaming bandwidth between two local processes through the plugin
     Perf(perf::Opts),

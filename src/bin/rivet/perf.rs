@@ -31,6 +31,11 @@ pub struct Opts {
     /// Buffers in GPU memory (CUDA device 0), registered as NCCL_PTR_CUDA
     #[arg(long)]
     pub cuda: bool,
+    /// Verify every received byte against a pattern of its message's own (latency and bandwidth,
+    /// a buffer per message in flight); a wrong byte fails the run (exit 1). For tests: the
+    /// pattern costs time, so benchmark numbers are taken without it
+    #[arg(long)]
+    pub check: bool,
     /// What connections cost: open N send/receive comm pairs between the two processes (each its own listen, connect and accept, as NCCL makes one per peer) and print a row of setup time, memory, pinned bytes, queue pairs, CQ entries, fds and threads per pair, then latency and bandwidth with traffic round-robin over all N; a list (1,16,256,1024) runs each N in fresh processes
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub comms: Vec<u32>,
@@ -59,6 +64,9 @@ impl Opts {
         }
         if self.sizes.iter().any(|&s| s > 1 << 31) {
             return Err("--sizes: the largest size a local run allocates is 2G".into());
+        }
+        if self.check && self.cuda {
+            return Err("--check verifies host buffers; with --cuda the receiver's GPU buffer is checked against the last message instead".into());
         }
         Ok(())
     }
@@ -158,6 +166,27 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     // SAFETY: `bp` is `max` bytes and `sp` 8 of memory of type `ty` (the buffers above), which
     // outlive the ring and its comms, and so every registration and request on them.
     let (big, little) = unsafe { (Regs::new(&r, bp, max, ty)?, Regs::new(&r, sp, 8, ty)?) };
+    // --check: a buffer per message in flight (the j-th message in slot j mod window; slot 0 is
+    // `buf`), and the latency test's answers in a buffer of their own.
+    let mut slots: Vec<Vec<u8>> = if o.check { (1..window).map(|_| vec![0u8; max]).collect() } else { Vec::new() };
+    let mut answer = [0u8; 8];
+    let mut slot_regs = Vec::with_capacity(slots.len());
+    for v in &mut slots {
+        // SAFETY: as above: each slot is `max` bytes of host memory that outlives the comms.
+        slot_regs.push(unsafe { Regs::new(&r, v.as_mut_ptr(), max, ty)? });
+    }
+    let answer_regs = if o.check {
+        // SAFETY: as above, 8 bytes.
+        Some(unsafe { Regs::new(&r, answer.as_mut_ptr(), 8, ty)? })
+    } else {
+        None
+    };
+    let mut bufs: Vec<(*mut u8, &Regs)> = vec![(bp, &big)];
+    bufs.extend(slots.iter_mut().map(|v| v.as_mut_ptr()).zip(slot_regs.iter()));
+    let small_bufs = match &answer_regs {
+        Some(a) => [(sp, &little), (answer.as_mut_ptr(), a)],
+        None => [(sp, &little), (sp, &little)],
+    };
     let net = &r.net;
     let p = net.props(r.dev)?;
     let name = p.name.clone();
@@ -194,7 +223,8 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     }
 
     let settle = Duration::from_micros(o.lat_settle as u64);
-    let lat = latency(&r, o.lat_iters as usize, sp, &little, !costs, settle)?;
+    let mut check = Check { on: o.check, wrong: 0, messages: 0 };
+    let lat = latency(&r, o.lat_iters as usize, small_bufs, !costs, settle, &mut check)?;
     if let (false, Some(l)) = (costs, &lat) {
         r.out(&format!(
             "# latency (8 B ping-pong, one way): typical {:.2} us, average {:.2} us, p90 {:.2} us, p99 {:.2} us, max {:.2} us",
@@ -207,7 +237,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let mut rates = Vec::new();
     for &size in &sizes {
         let iters = (o.bytes / size.max(1)).max(n).clamp(8, 100_000);
-        let dt = bandwidth(&r, size, iters, window, (bp, &big), (sp, &little))?;
+        let dt = bandwidth(&r, size, iters, window, &bufs, (sp, &little), &mut check)?;
         let gbs = (size * iters) as f64 / dt / 1e9;
         rates.push(gbs);
         if !costs {
@@ -225,8 +255,16 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
             println!("OUT # GPU buffer check: {wrong} wrong byte(s) of {last}");
         }
     }
+    if o.check && check.messages > 0 {
+        // Each rank that received speaks for itself (r.out is rank 0's).
+        println!("OUT # data check, rank {rank}: {} wrong byte(s) in {} message(s) received", check.wrong, check.messages);
+        wrong += check.wrong;
+    }
     big.release(&r)?;
     little.release(&r)?;
+    for g in slot_regs.iter().chain(answer_regs.iter()) {
+        g.release(&r)?;
+    }
     if costs {
         let after = Usage::now();
         r.out(&cost_row(n, r.setup, [&before, &idle, &after], lat.as_ref(), &rates));
@@ -342,7 +380,53 @@ fn wait_timed(r: &Ring, req: *mut std::ffi::c_void, s: &mut Split, timed: bool, 
 /// cycle counter (as perftest does: reading the clock can be a system call in a VM) and gets the
 /// median, the mean and the tail (p90, p99, max), halved.
 /// Each side also reports where its time went (`Split`); `settle` is `--lat-settle`.
-fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs, split_line: bool, settle: Duration) -> Res<Option<Lat>> {
+/// `--check`: the pattern every message carries, and the wrong bytes received.
+struct Check {
+    on: bool,
+    wrong: u64,
+    messages: u64,
+}
+
+impl Check {
+    /// Byte `b` of message `j` of a test (`test` tells the latency test's from each size's).
+    fn byte(test: usize, j: usize, b: usize) -> u8 {
+        let x = (test as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (j as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+            ^ (b as u64 >> 8).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+        (x >> 32) as u8 ^ (b as u8).wrapping_mul(131)
+    }
+
+    /// Write message `j`'s pattern into `len` bytes at `p`.
+    ///
+    /// # Safety
+    /// `p` is `len` writable bytes that no request in flight uses.
+    unsafe fn fill(&self, p: *mut u8, len: usize, test: usize, j: usize) {
+        if self.on {
+            // SAFETY: the caller's promise.
+            let v = unsafe { std::slice::from_raw_parts_mut(p, len) };
+            v.iter_mut().enumerate().for_each(|(b, x)| *x = Self::byte(test, j, b));
+        }
+    }
+
+    /// Count the bytes of `len` at `p` that are not message `j`'s.
+    ///
+    /// # Safety
+    /// `p` is `len` readable bytes of a completed receive.
+    unsafe fn verify(&mut self, p: *const u8, len: usize, test: usize, j: usize) {
+        if self.on {
+            // SAFETY: the caller's promise.
+            let v = unsafe { std::slice::from_raw_parts(p, len) };
+            self.wrong += v.iter().enumerate().filter(|(b, x)| **x != Self::byte(test, j, *b)).count() as u64;
+            self.messages += 1;
+        }
+    }
+}
+
+/// The latency test's two small buffers: what a rank sends from, and what it receives into (the
+/// same one without --check, whose bytes nobody reads).
+type Small<'a> = [(*mut u8, &'a Regs); 2];
+
+fn latency(r: &Ring, iters: usize, [(sp, mh), (ap, ah)]: Small, split_line: bool, settle: Duration, check: &mut Check) -> Res<Option<Lat>> {
     let (net, n) = (&r.net, r.sends.len());
     let warm = if iters == 0 { 0 } else { 100 };
     let total = warm + iters;
@@ -355,7 +439,7 @@ fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs, split_line: bool, set
     // SAFETY: (here and in each isend and irecv below) the buffers outlive the comms (see the
     // registrations); a benchmark lets a send and a receive share the small buffer, whose bytes
     // it never checks.
-    let mut rr: Vec<_> = (0..n.min(total)).map(|k| unsafe { net.irecv(r.recvs[k], sp, 8, 0, mh.recv[k]) }).collect::<Res<_>>()?;
+    let mut rr: Vec<_> = (0..n.min(total)).map(|k| unsafe { net.irecv(r.recvs[k], ap, 8, 0, ah.recv[k]) }).collect::<Res<_>>()?;
     for i in 0..total {
         if i == warm {
             (t0, c0) = (Instant::now(), cycles());
@@ -367,13 +451,26 @@ fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs, split_line: bool, set
         // the answer travels (a message that comes before its receive waits in the eager ring,
         // as NCCL's, which posts its receives ahead, never has to).
         let found = if r.rank == 0 { None } else { Some(wait_timed(r, rr[k], &mut split, timed, Duration::ZERO)?) };
+        // SAFETY: the small buffers are 8 bytes; a found message's receive is complete, and no
+        // send is in flight from `sp` (each is waited for below).
+        unsafe {
+            if found.is_some() {
+                check.verify(ap, 8, 0, i);
+            }
+            check.fill(sp, 8, 0, i);
+        }
         let start = cycles();
         // SAFETY: see above.
         let sr = unsafe { net.isend(r.sends[k], sp, 8, 0, mh.send[k])? };
         let sent = cycles();
         let (fs, fe) = match found {
             Some(f) => f,
-            None => wait_timed(r, rr[k], &mut split, timed, settle)?,
+            None => {
+                let f = wait_timed(r, rr[k], &mut split, timed, settle)?;
+                // SAFETY: the answer's receive is complete.
+                unsafe { check.verify(ap, 8, 0, i) };
+                f
+            }
         };
         if timed {
             split.isend.push(sent.wrapping_sub(start));
@@ -384,7 +481,7 @@ fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs, split_line: bool, set
         }
         if again {
             // SAFETY: see above.
-            rr[k] = unsafe { net.irecv(r.recvs[k], sp, 8, 0, mh.recv[k])? };
+            rr[k] = unsafe { net.irecv(r.recvs[k], ap, 8, 0, ah.recv[k])? };
         }
         let posted = cycles();
         r.wait_all(&[sr])?;
@@ -426,28 +523,41 @@ fn latency(r: &Ring, iters: usize, sp: *mut u8, mh: &Regs, split_line: bool, set
 /// Streaming: rank 0 sends `iters` messages of `size` bytes with `window` in flight, the j-th on
 /// the (j mod N)-th pair; rank 1 receives them and answers with one 8-byte message, which closes
 /// the timed interval. Returns the seconds it took.
-fn bandwidth(r: &Ring, size: usize, iters: usize, window: usize, (bp, big): (*mut u8, &Regs), (sp, little): (*mut u8, &Regs)) -> Res<f64> {
+fn bandwidth(r: &Ring, size: usize, iters: usize, window: usize, bufs: &[(*mut u8, &Regs)], (sp, little): (*mut u8, &Regs), check: &mut Check) -> Res<f64> {
     let (net, n) = (&r.net, r.sends.len());
     let t0 = Instant::now();
     let mut inflight = std::collections::VecDeque::with_capacity(window);
+    // The receiver checks message j once its receive is done, in its slot (j mod the slots).
+    let done = |r: &Ring, q: *mut std::ffi::c_void, j: usize, check: &mut Check| -> Res<()> {
+        r.wait_all(&[q])?;
+        if r.rank == 1 {
+            // SAFETY: the receive of message j into its slot is complete; size <= the slot.
+            unsafe { check.verify(bufs[j % bufs.len()].0, size, size, j) };
+        }
+        Ok(())
+    };
     for j in 0..iters {
         if inflight.len() == window {
-            let q: *mut std::ffi::c_void = inflight.pop_front().unwrap();
-            r.wait_all(&[q])?;
+            let (q, jq) = inflight.pop_front().unwrap();
+            done(r, q, jq, check)?;
         }
         let k = j % n;
-        // SAFETY: see `latency`; size <= the buffer's length.
+        let (bp, big) = bufs[j % bufs.len()];
+        // SAFETY: see `latency`; size <= the buffer's length, and the request that last used this
+        // slot is done (a window of requests, at most one per slot with --check).
         let q = unsafe {
             if r.rank == 0 {
+                check.fill(bp, size, size, j);
                 net.isend(r.sends[k], bp, size, 1, big.send[k])?
             } else {
                 net.irecv(r.recvs[k], bp, size, 1, big.recv[k])?
             }
         };
-        inflight.push_back(q);
+        inflight.push_back((q, j));
     }
-    let rest: Vec<_> = inflight.into_iter().collect();
-    r.wait_all(&rest)?;
+    while let Some((q, j)) = inflight.pop_front() {
+        done(r, q, j, check)?;
+    }
     // SAFETY: see `latency`.
     let q = unsafe {
         if r.rank == 0 {
@@ -493,7 +603,29 @@ fn cycles() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::percentile;
+    use super::{percentile, Check};
+
+    /// The pattern differs between messages, tests and positions, and a flipped byte is counted.
+    #[test]
+    fn the_data_check_counts_a_flipped_byte() {
+        let mut c = Check { on: true, wrong: 0, messages: 0 };
+        let mut a = vec![0u8; 4096];
+        // SAFETY: `a` is 4096 bytes, used by nothing else.
+        unsafe { c.fill(a.as_mut_ptr(), a.len(), 65536, 7) };
+        assert!((0..4096).any(|b| Check::byte(65536, 7, b) != Check::byte(65536, 8, b)), "messages differ");
+        assert!((0..4096).any(|b| Check::byte(65536, 7, b) != Check::byte(0, 7, b)), "tests differ");
+        assert!(a.windows(2).any(|w| w[0] != w[1]) && a[..256] != a[256..512], "not one byte repeated");
+        // SAFETY: as above.
+        unsafe { c.verify(a.as_ptr(), a.len(), 65536, 7) };
+        assert_eq!((c.wrong, c.messages), (0, 1));
+        a[1234] ^= 0x10;
+        // SAFETY: as above.
+        unsafe { c.verify(a.as_ptr(), a.len(), 65536, 7) };
+        assert_eq!(c.wrong, 1);
+        // SAFETY: as above: the wrong message's pattern.
+        unsafe { c.verify(a.as_ptr(), a.len(), 65536, 8) };
+        assert!(c.wrong > 1000);
+    }
 
     #[test]
     fn percentiles_by_nearest_rank() {

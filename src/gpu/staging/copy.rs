@@ -1,6 +1,7 @@
 //! The staging engine's copiers (CUDA streams and events, or a plain memcpy for the CPU tests)
 //! and its pool of pinned, registered bounce buffers.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use super::FENCES;
 use crate::error::Result;
 use crate::gpu::cuda;
@@ -34,6 +35,12 @@ pub trait Copier: Send {
     /// only at and after a close, so a copier may drop copies it has not started (the host
     /// copier does).
     fn idle(&mut self) -> bool;
+    /// Whether no copy issued is still to run or running, without side effects (unlike `idle`,
+    /// asked while the comm is in use: before pooled bounce buffers above the pool's cap are
+    /// freed). The default, false, never lets them be freed before the close.
+    fn quiet(&mut self) -> bool {
+        false
+    }
     /// Free bounce memory (CUDA: inside the GPU's context).
     fn free(&mut self, mem: HostMem) {
         drop(mem);
@@ -121,6 +128,9 @@ impl Copier for CudaCopier {
         let s = &self.stream;
         self.ctx.with(|| Ok(s.idle())).unwrap_or(false)
     }
+    fn quiet(&mut self) -> bool {
+        self.idle()
+    }
     fn free(&mut self, mem: HostMem) {
         let _ = self.ctx.with(|| {
             drop(mem);
@@ -206,6 +216,9 @@ impl Copier for HostCopier {
         b.1 = true;
         Ok(false)
     }
+    fn quiet(&mut self) -> bool {
+        self.pending.is_empty() && self.batches.iter().all(|b| b.1 || b.0.is_empty())
+    }
     fn idle(&mut self) -> bool {
         // Copies not yet run are dropped, as a cancelled asynchronous copy would be: at close the
         // buffers they name may already be gone.
@@ -235,10 +248,23 @@ pub(super) fn class_of(len: usize) -> usize {
     (usize::BITS - (len.max(1) - 1).leading_zeros()).max(MIN_CLASS as u32) as usize
 }
 
+/// Bytes of bounce buffers pooled and not in use, in every comm of the process: what
+/// RIVET_STAGING_POOL_MAX caps.
+static IDLE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
 #[derive(Default)]
 pub(super) struct Pool {
     pub(super) free: Vec<Vec<Bounce>>,
+    /// Bytes allocated by this pool and not yet freed (in use or not).
     pub(super) bytes: usize,
+    /// Of those, the bytes in `free`.
+    pub(super) idle: usize,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        IDLE_BYTES.fetch_sub(self.idle, Ordering::Relaxed);
+    }
 }
 
 impl Pool {
@@ -248,12 +274,20 @@ impl Pool {
             self.free.resize_with(class + 1, Vec::new);
         }
         if let Some(b) = self.free[class].pop() {
+            self.idle -= 1 << class;
+            IDLE_BYTES.fetch_sub(1 << class, Ordering::Relaxed);
             return Ok(b);
         }
         let size = 1usize << class;
         let mut mem = copier.alloc(size)?;
         let ptr = mem.ptr();
-        let (mr, handle) = reg.register(ptr as usize, size)?;
+        let (mr, handle) = match reg.register(ptr as usize, size) {
+            Ok(r) => r,
+            Err(e) => {
+                copier.free(mem);
+                return Err(e);
+            }
+        };
         self.bytes += size;
         log::trace!("NET/rivet: staging pool: new {size}-byte bounce buffer at {ptr:p} ({} bytes pooled)", self.bytes);
         Ok(Bounce { mem, ptr, mr, handle, class })
@@ -261,7 +295,34 @@ impl Pool {
 
     pub(super) fn put(&mut self, b: Bounce) {
         let c = b.class;
+        self.idle += 1 << c;
+        IDLE_BYTES.fetch_add(1 << c, Ordering::Relaxed);
         self.free[c].push(b);
+    }
+
+    /// While the process's unused pooled bytes exceed `cap` and no copy of this comm's copier is
+    /// still to run, free this pool's unused buffers, largest first. The bytes freed.
+    pub(super) fn trim(&mut self, cap: usize, reg: &dyn Registrar, copier: &mut dyn Copier) -> usize {
+        if IDLE_BYTES.load(Ordering::Relaxed) <= cap || self.idle == 0 || !copier.quiet() {
+            return 0;
+        }
+        let mut freed = 0;
+        for class in (0..self.free.len()).rev() {
+            while IDLE_BYTES.load(Ordering::Relaxed) > cap {
+                let Some(b) = self.free[class].pop() else { break };
+                let size = 1usize << class;
+                reg.release(b.handle);
+                copier.free(b.mem);
+                self.idle -= size;
+                self.bytes -= size;
+                IDLE_BYTES.fetch_sub(size, Ordering::Relaxed);
+                freed += size;
+            }
+        }
+        if freed > 0 {
+            log::trace!("NET/rivet: staging pool: freed {freed} bytes above RIVET_STAGING_POOL_MAX={cap} ({} bytes pooled here)", self.bytes);
+        }
+        freed
     }
 
     /// Release every pooled buffer: its registration first, then its memory.
@@ -270,6 +331,9 @@ impl Pool {
             reg.release(b.handle);
             copier.free(b.mem);
         }
+        IDLE_BYTES.fetch_sub(self.idle, Ordering::Relaxed);
+        self.idle = 0;
+        self.bytes = 0;
     }
 }
 

@@ -122,6 +122,8 @@ pub struct Staged {
     pub gpu: Option<(i32, crate::gpu::gdr::Decision)>,
     registrar: Box<dyn Registrar>,
     pool: Pool,
+    /// RIVET_STAGING_POOL_MAX: the process's unused pooled bytes above which buffers are freed.
+    pool_cap: usize,
     slots: Vec<Managed>,
     free: Vec<u32>,
     /// Managed sends not yet handed to the transport, oldest first.
@@ -151,6 +153,7 @@ impl Staged {
             gpu: None,
             registrar,
             pool: Pool::default(),
+            pool_cap: crate::config::get().staging_pool_max,
             // Made on first use: most comms never stage, and the slots are 57 KiB.
             slots: Vec::new(),
             free: (0..MANAGED as u32).rev().collect(),
@@ -197,11 +200,19 @@ impl Staged {
         self.free.pop()
     }
 
+    /// A bounce buffer back to the pool, and the pool trimmed to its cap.
+    fn put_back(&mut self, b: Bounce) {
+        self.pool.put(b);
+        if let Some(c) = self.copier.as_deref_mut() {
+            self.pool.trim(self.pool_cap, &*self.registrar, c);
+        }
+    }
+
     fn release_slot(&mut self, m: u32) {
         if let Managed::SendStaged { bounce, .. } | Managed::SendPosted { bounce: Some(bounce), .. } =
             std::mem::replace(&mut self.slots[m as usize], Managed::Free)
         {
-            self.pool.put(bounce);
+            self.put_back(bounce);
         }
         self.free.push(m);
     }
@@ -424,7 +435,7 @@ impl Staged {
             }
             other => {
                 for (_, b) in staged.into_iter().flatten() {
-                    self.pool.put(b);
+                    self.put_back(b);
                 }
                 self.free.push(m);
                 other.map(|_| None)
@@ -534,7 +545,7 @@ impl Staged {
                     // The bounces go back to the pool (never freed with their registration
                     // still cached), and the request is over.
                     for (_, b) in staged.into_iter().flatten() {
-                        self.pool.put(b);
+                        self.put_back(b);
                     }
                     self.slots[m] = Managed::Free;
                     self.free.push(m as u32);
@@ -557,7 +568,7 @@ impl Staged {
                     unreachable!()
                 };
                 for (_, b) in staged.into_iter().flatten() {
-                    self.pool.put(b);
+                    self.put_back(b);
                 }
                 self.free.push(m as u32);
                 sizes[..n].copy_from_slice(&got[..n]);
@@ -618,6 +629,7 @@ impl Drop for Staged {
             let total: u64 = s.iter().map(|c| c.bytes).sum();
             let msgs: u64 = s.iter().map(|c| c.msgs).sum();
             log::info!(
+                target: crate::log::INIT,
                 "NET/rivet: stats {} closed: {} {} in {msgs} messages: GDR {} / {}, staged {} / {}, host {} / {}{}",
                 self.label,
                 if self.send { "sent" } else { "received" },
@@ -669,6 +681,53 @@ mod tests {
         assert_eq!(c.n, 3);
         assert_eq!(c.ends[2], 3 * CHUNK_MIN + 5);
         assert!(c.ends[0] % 4096 == 0 && c.ends[0] < c.ends[1] && c.ends[1] < c.ends[2]);
+    }
+
+    /// The pool keeps at most RIVET_STAGING_POOL_MAX of unused buffers after a burst of random
+    /// sizes (here up to 8 MiB, cap 16 MiB), freeing the largest first, and frees nothing while a
+    /// copy of its copier is still to run.
+    #[test]
+    fn the_pool_keeps_no_more_than_its_cap() {
+        use super::copy::{NoRegistration, Pool};
+        let cap = 16 << 20;
+        let mut pool = Pool::default();
+        let mut c = HostCopier::new();
+        let reg = NoRegistration;
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut peak = 0;
+        for _round in 0..4 {
+            let mut burst = Vec::new();
+            for _ in 0..24 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                burst.push(pool.get((x % (8 << 20)) as usize + 1, &mut c, &reg).unwrap());
+            }
+            peak = peak.max(pool.bytes);
+            for b in burst {
+                pool.put(b);
+                pool.trim(cap, &reg, &mut c);
+                assert!(pool.idle <= cap, "{} unused bytes kept, cap {cap}", pool.idle);
+            }
+        }
+        assert!(peak > 2 * cap, "the bursts exceed the cap ({peak} bytes at the peak)");
+        assert!(pool.bytes <= cap, "{} bytes left allocated after the bursts", pool.bytes);
+        // A copy still to run: nothing is freed, whatever the cap says.
+        let b = pool.get(1 << 20, &mut c, &reg).unwrap();
+        let mut dst = [0u8; 8];
+        let src = [1u8; 8];
+        // SAFETY: both arrays outlive the copier, which never runs this copy (it is dropped
+        // unfenced with the copier at the end of the test).
+        unsafe { c.to_host(dst.as_mut_ptr(), src.as_ptr() as usize, 8).unwrap() };
+        pool.put(b);
+        let before = pool.idle;
+        assert_eq!(pool.trim(0, &reg, &mut c), 0, "freed while a copy was pending");
+        assert_eq!(pool.idle, before);
+        c.fence(1).unwrap();
+        while !c.reached(1).unwrap() {}
+        assert!(pool.trim(0, &reg, &mut c) > 0 && pool.idle == 0, "cap 0 keeps nothing once the copies are done");
+        assert_eq!(dst, [1u8; 8]);
+        pool.clear(&reg, &mut c);
     }
 
     #[test]

@@ -37,12 +37,12 @@ impl TcpDevice {
 }
 
 fn send_conn(link: Link) -> Box<dyn Conn> {
-    log::info!("NET/rivet: connected to {} over TCP with {} stream(s)", link.peer, link.fds.len());
+    log::info!(target: crate::log::INIT, "NET/rivet: connected to {} over TCP with {} stream(s)", link.peer, link.fds.len());
     Box::new(SendConn::new(link.fds, link.peer, link.min_chunk))
 }
 
 fn recv_conn(link: Link) -> Box<dyn Conn> {
-    log::info!("NET/rivet: accepted a TCP connection from {} with {} stream(s)", link.peer, link.fds.len());
+    log::info!(target: crate::log::INIT, "NET/rivet: accepted a TCP connection from {} with {} stream(s)", link.peer, link.fds.len());
     Box::new(RecvConn::new(link.fds, link.peer, link.min_chunk))
 }
 

@@ -302,6 +302,7 @@ impl<N: Nic> Drop for Common<N> {
         }
         if self.waits > 0 {
             log::info!(
+                target: crate::log::INIT,
                 "NET/rivet: stats {}: {} post(s) waited for room in a send queue or for posted receives",
                 self.where_(self.qpns[0]),
                 self.waits
@@ -309,7 +310,7 @@ impl<N: Nic> Drop for Common<N> {
         }
         if self.ports.len() > 1 && self.member_bytes.iter().any(|&b| b > 0) {
             let per: Vec<String> = self.ports.iter().zip(&self.member_bytes).map(|(p, b)| format!("{}:{} {b}", p.dev_name(), p.num())).collect();
-            log::info!("NET/rivet: stats {}: bytes sent per member: {}", self.where_(self.qpns[0]), per.join(", "));
+            log::info!(target: crate::log::INIT, "NET/rivet: stats {}: bytes sent per member: {}", self.where_(self.qpns[0]), per.join(", "));
         }
     }
 }

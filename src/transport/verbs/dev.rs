@@ -131,7 +131,7 @@ impl IbDevice {
                     // are initialised.
                     let port = unsafe { ev.element.port_num };
                     self.ports_down.fetch_and(!(1 << (port & 31)), Ordering::Relaxed);
-                    log::info!("NET/rivet: {}:{port}: the port is active again (PORT_ACTIVE)", self.name)
+                    log::info!(target: crate::log::INIT, "NET/rivet: {}:{port}: the port is active again (PORT_ACTIVE)", self.name)
                 }
                 _ => log::info!("NET/rivet: {}: asynchronous event {name}", self.name),
             }
@@ -439,7 +439,7 @@ pub fn discover(cfg: &Config) -> std::result::Result<Vec<IbPort>, String> {
     let mut slots: Vec<Option<IbPort>> = ports.into_iter().map(Some).collect();
     let mut ports: Vec<IbPort> = order.iter().map(|&i| slots[i].take().expect("a permutation")).collect();
     for n in notes {
-        log::info!("NET/rivet: {n}");
+        log::info!(target: crate::log::INIT, "NET/rivet: {n}");
     }
     // What NCCL sees of each: its index, its PCI path and port number as net_ib makes them.
     let paths: Vec<Option<String>> = ports.iter().map(|p| p.dev.pci_path.as_deref().map(|f| select::nccl_pci_path(f, cfg.ib_merge_vfs))).collect();

@@ -538,6 +538,7 @@ impl Setup {
             String::new()
         };
         log::info!(
+            target: crate::log::INIT,
             "NET/rivet: {} {} over {}{} -> {} {}:{}{} with {} QP(s){}, MTU {mtu}, TC {}, SL {}{}{ar}",
             if self.send { "connected to" } else { "accepted from" },
             self.peer,

@@ -40,6 +40,8 @@ pub struct Facts {
     pub topo: Topology,
     /// The transport the plugin picks, and why.
     pub transport: (String, String),
+    /// The library's WARN of a host with GPUs or RDMA devices that takes TCP anyway.
+    pub tcp_warning: Option<String>,
     /// The devices NCCL gets from the plugin, by name (RDMA devices, or TCP interfaces).
     pub net_devs: Vec<String>,
     /// RIVET_SOCKET_CUDA: the TCP transport stages GPU buffers itself.
@@ -103,6 +105,7 @@ impl Facts {
             },
             Err(e) => ("none".into(), e.into_msg()),
         };
+        let tcp_warning = nccl_net_rivet::plugin::devices_table().ok().and_then(|t| t.tcp_warning.clone());
         Facts {
             version: nccl_net_rivet::plugin::VERSION.to_string(),
             rdma: if cfg.ib_disable { Err("NCCL_IB_DISABLE=1".into()) } else { dev::survey(cfg) },
@@ -111,6 +114,7 @@ impl Facts {
             cuda: cuda_facts(),
             topo,
             transport,
+            tcp_warning,
             net_devs,
             socket_cuda: cfg.socket_cuda,
             gdr_mode: cfg.gdr,

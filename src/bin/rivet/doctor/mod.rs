@@ -62,13 +62,16 @@ fn self_test(lib: Option<&Path>, gpu: bool) -> Res<report::Section> {
             c.args(["--dev", &format!("{d},{d}"), "--sizes", "1M", "--bytes", "64M", "--lat-iters", "200"]);
             if cuda {
                 c.arg("--cuda").env("NCCL_DEBUG", "INFO").env("RIVET_STATS", "1");
+            } else {
+                // Every byte received checked (GPU buffers have their own check).
+                c.arg("--check");
             }
             let out = c.output().map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
             let lat = text.lines().find_map(|l| l.split("typical ").nth(1)?.split(' ').next()?.parse::<f64>().ok());
             let bw = text.lines().filter(|l| !l.starts_with('#')).find_map(|l| l.split_whitespace().last()?.parse::<f64>().ok());
-            let what = if cuda { "GPU memory" } else { "host memory" };
+            let what = if cuda { "GPU memory" } else { "host memory, every byte checked" };
             match (out.status.success(), lat, bw) {
                 (true, Some(lat), Some(bw)) => {
                     let line_rate = p.speed as f64 / 8000.0;
@@ -91,7 +94,10 @@ fn self_test(lib: Option<&Path>, gpu: bool) -> Res<report::Section> {
                     s.warn(
                         format!(
                             "the loopback transfer of {what} on dev {d} ({name}) failed: {}",
-                            err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output")
+                            text.lines()
+                                .find(|l| l.contains("data check") && !l.contains(": 0 wrong"))
+                                .or_else(|| err.lines().rev().find(|l| !l.trim().is_empty()))
+                                .unwrap_or("no output")
                         ),
                         format!("run `NCCL_DEBUG=INFO rivet perf --dev {d},{d}{}` for the plugin's own messages", if cuda { " --cuda" } else { "" }),
                     );

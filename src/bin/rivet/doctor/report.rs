@@ -470,10 +470,12 @@ fn transport_section(f: &Facts) -> Section {
     s.lines.push(f.transport.1.clone());
     match f.transport.0.as_str() {
         "RDMA verbs" => {}
-        "TCP" => s.verdict = if f.rdma.is_ok() { Verdict::Warn } else { Verdict::Info },
+        "TCP" => s.verdict = if f.rdma.is_ok() || f.tcp_warning.is_some() { Verdict::Warn } else { Verdict::Info },
         _ => s.verdict = Verdict::Fail,
     }
-    if f.transport.0 == "TCP" && f.rdma.is_ok() {
+    if let Some(w) = &f.tcp_warning {
+        s.findings.push(Finding { what: "rivet would run over TCP on a host with GPUs or RDMA devices (a job would train many times slower)".into(), fix: w.clone() });
+    } else if f.transport.0 == "TCP" && f.rdma.is_ok() {
         s.findings.push(Finding {
             what: "RDMA devices exist but rivet would use TCP".into(),
             fix: "see the RDMA section's warnings (no active port, no usable GID, NCCL_IB_HCA)".into(),
@@ -562,6 +564,7 @@ mod tests {
             cuda: Ok((12040, vec![GpuFacts { ordinal: 0, bus_id: "0000:18:00.0".into(), gdr: true, dmabuf: true }])),
             topo: Topology { root: "/nonexistent".into(), gpus: vec![], nics: vec![], numa_nodes: vec![], c2c: std::sync::OnceLock::from(Vec::new()) },
             transport: ("RDMA verbs".into(), "1 active port(s): mlx5_0".into()),
+            tcp_warning: None,
             net_devs: vec!["mlx5_0".into()],
             socket_cuda: false,
             gdr_mode: gdr::Mode::Auto,

@@ -101,6 +101,7 @@ impl<N: Nic> VerbsRecv<N> {
         self.c.qs.recv_home();
         if ok != 0 {
             log::info!(
+                target: crate::log::INIT,
                 "NET/rivet: {}: took back queue pair(s) {ok:#x} (NCCL_IB_RESILIENCY_PORT_RECOVERY); logical queue pairs now on {:?}",
                 self.c.where_(0),
                 &self.c.qs.map()[..nq]
@@ -231,6 +232,7 @@ impl<N: Nic> VerbsRecv<N> {
         self.rewrites.push_back(Rewrite::Credit);
         self.rewrite_by = N::now_ms() + DRAIN_WAIT.as_millis() as u64;
         log::info!(
+            target: crate::log::INIT,
             "NET/rivet: {}: failed over queue pair(s) {new:#x}: told the sender what arrived ({ring} eager slots, {nrecvs} receive(s) in flight); its clear-to-send entries and the credit are written again; logical queue pairs now on {:?}",
             self.c.where_(0),
             &self.c.qs.map()[..nq]

@@ -111,6 +111,7 @@ impl<N: Nic> VerbsSend<N> {
             self.c.notify(&Notice::Recovered { qps: ok })?;
             let per: Vec<String> = self.c.ports.iter().zip(&self.c.member_bytes).map(|(p, b)| format!("{}:{} {b}", p.dev_name(), p.num())).collect();
             log::info!(
+                target: crate::log::INIT,
                 "NET/rivet: {}: took back queue pair(s) {ok:#x} (NCCL_IB_RESILIENCY_PORT_RECOVERY); logical queue pairs now on {:?}; bytes sent per member so far: {}",
                 self.c.where_(0),
                 &self.c.qs.map()[..nq],
@@ -140,6 +141,7 @@ impl<N: Nic> VerbsSend<N> {
         let resend = self.eng.fail_over(eager_lost, lost, &r).map_err(|e| self.c.proto(e))?;
         self.remapped();
         log::info!(
+            target: crate::log::INIT,
             "NET/rivet: {}: failed over queue pair(s) {newly:#x}: the receiver's account (from its out-of-band notice) asks for {} eager and {} rendezvous send(s) again; logical queue pairs now on {:?}",
             self.c.where_(0),
             resend.eager.len(),
