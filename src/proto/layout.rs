@@ -160,9 +160,12 @@ pub mod meta {
     pub const ECE: F = f(384, 256);
     /// The sender's: parts each rendezvous message is split into (NCCL_IB_SPLIT_DATA_ON_QPS).
     pub const PARTS: F = f(640, 1);
-    pub const RESERVED: F = f(641, 7);
+    /// The members of the sending side's device whose port was down when it set up (bit m:
+    /// member m): their queue pairs start failed over on both sides. Zero from a build before it.
+    pub const DOWN: F = f(641, 1);
+    pub const RESERVED: F = f(642, 6);
     const _: () = assert!(fits(
-        &[MAGIC, VERSION, LENGTH, NQPS, LINK_LAYER, PORT, MTU, LID, TC, SL, GID, FIFO_ADDR, FIFO_RKEY, RING_RKEY, DEV_NAME, QPNS, RING_ADDR, EAGER_MAX, RING_SLOTS, MEMBERS, DEV_INDEX, EXTRA, ECE, PARTS, RESERVED],
+        &[MAGIC, VERSION, LENGTH, NQPS, LINK_LAYER, PORT, MTU, LID, TC, SL, GID, FIFO_ADDR, FIFO_RKEY, RING_RKEY, DEV_NAME, QPNS, RING_ADDR, EAGER_MAX, RING_SLOTS, MEMBERS, DEV_INDEX, EXTRA, ECE, PARTS, DOWN, RESERVED],
         SIZE
     ));
     /// Queue pair `q`'s ECE block: `struct ibv_ece`'s three words and whether they are set (the

@@ -51,6 +51,8 @@ pub struct Meta {
     /// The sender's: the parts each rendezvous message is split into (1..=nqps), which the
     /// receiver counts; 0 from the receiver.
     pub parts: u8,
+    /// The members of this side's device (bit m: member m) whose port was down at setup.
+    pub down: u8,
 }
 
 /// `struct ibv_ece`: a queue pair's enhanced connection establishment options (vendor id,
@@ -167,6 +169,7 @@ impl Meta {
             put_u8(&mut b, at(member::DEV_INDEX), x.dev_index);
         }
         put_u8(&mut b, PARTS, self.parts);
+        put_u8(&mut b, DOWN, self.down);
         for (q, e) in self.ece.iter().take(MAX_QPS).enumerate() {
             if let Some(e) = e {
                 put_u32(&mut b, ece::at(q, ece::VENDOR_ID), e.vendor_id);
@@ -262,6 +265,8 @@ impl Meta {
             eager_max,
             dev_index: get_u8(b, DEV_INDEX),
             parts,
+            // Only bits of members it has.
+            down: get_u8(b, DOWN) & ((1u16 << members) - 1) as u8,
             extra,
             ece: (0..nqps as usize)
                 .map(|q| {
@@ -446,6 +451,7 @@ mod tests {
             extra: Vec::new(),
             ece: vec![None, None],
             parts: 2,
+            down: 0,
         }
     }
 
@@ -468,6 +474,12 @@ mod tests {
         e.qpns = (1..=16).collect();
         e.ece = (0..16).map(|i| (i % 3 != 0).then_some(Ece { vendor_id: i, options: !i, comp_mask: 0 })).collect();
         assert_eq!(Meta::decode(&e.encode()).unwrap(), e);
+        // The members down at setup: kept for members the side has, dropped beyond them.
+        f.down = 0b1000_0010;
+        assert_eq!(Meta::decode(&f.encode()).unwrap().down, 0b1000_0010);
+        let mut one = meta();
+        one.down = 0b11;
+        assert_eq!(Meta::decode(&one.encode()).unwrap().down, 0b01, "a one-member side has only member 0");
     }
 
     #[test]

@@ -34,6 +34,7 @@ use nccl_net_rivet::proto::send::Origin;
 use nccl_net_rivet::proto::verbs::{cts_stride, fifo_bytes, FIFO_DEPTH, MAX_GROUP, MAX_MEMBERS, SIZES_ENTRY};
 use nccl_net_rivet::sys::ib::*;
 use nccl_net_rivet::transport::verbs::conn::{self, members_id, Common, Depths, Settings};
+use nccl_net_rivet::transport::verbs::fuse;
 use nccl_net_rivet::transport::verbs::recv::{self as vrecv, VerbsRecv};
 use nccl_net_rivet::transport::verbs::res::{Link, MqpRetry, Part, PathParams, RemoteQp};
 use nccl_net_rivet::transport::verbs::send::{self as vsend, Ring, VerbsSend};
@@ -685,6 +686,7 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
     let mut failed = Vec::new();
     let (mut ran, mut failed_over, mut recovered, mut errored, mut heap, mut waited) = (0u64, 0u64, 0u64, 0u64, 0isize, 0u64);
     let (mut gpu_copied, mut flushed, mut early, mut left) = (0u64, 0u64, 0u64, 0u64);
+    let (mut born, mut born_back) = (0u64, 0u64);
     let mut kinds = [0u64; 6];
     for &seed in &seeds {
         let p = plan(seed);
@@ -711,6 +713,10 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
                 flushed += (r.flushes > 0) as u64;
                 early += (r.imm_early > 0) as u64;
                 left += r.left as u64;
+                if matches!(p.fault, Fault::Port { at: 0, .. }) && !r.errored {
+                    born += 1;
+                    born_back += (r.recovered > 0) as u64;
+                }
             }
             Err(e) => {
                 let small = match shrink(&p) {
@@ -725,7 +731,7 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
         }
     }
     println!(
-        "shell_sim: {ran} schedules (faults: {} none, {} links, {} ports, {} fatal statuses, {} sides gone, {} mismatches); {failed_over} delivered everything through a failover, {recovered} took queue pairs back, {errored} failed as they had to, {waited} delivered everything though the device refused moves to ERR for a while, {gpu_copied} copied eager messages into GPU memory on the GPU's stream, {flushed} flushed receives into GPU memory, {early} saw an immediate before its data, {left} closed a receive comm while its GPU copies ran; the shells' calls held at most {heap} bytes",
+        "shell_sim: {ran} schedules (faults: {} none, {} links, {} ports, {} fatal statuses, {} sides gone, {} mismatches); {failed_over} delivered everything through a failover, {recovered} took queue pairs back, {errored} failed as they had to, {waited} delivered everything though the device refused moves to ERR for a while, {gpu_copied} copied eager messages into GPU memory on the GPU's stream, {flushed} flushed receives into GPU memory, {early} saw an immediate before its data, {left} closed a receive comm while its GPU copies ran, {born} started with a member down and delivered everything ({born_back} of them took its queue pairs back); the shells' calls held at most {heap} bytes",
         kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], kinds[5]
     );
     assert!(failed.is_empty(), "{} of {ran} schedule(s) failed:\n{}", failed.len(), failed.join("\n"));
@@ -737,5 +743,9 @@ fn the_production_shells_deliver_every_byte_over_a_simulated_nic() {
         assert!(waited * 20 >= n, "only {waited} of {n} schedules delivered through refused moves to ERR: the deferred move is not exercised");
         assert!(gpu_copied * 10 >= n, "only {gpu_copied} of {n} schedules copied eager messages into GPU memory: the GPU's copies are not exercised");
         assert!(flushed * 10 >= n, "only {flushed} of {n} schedules flushed a receive: flushes are not exercised");
+    }
+    if one.is_none() && n >= 1000 {
+        assert!(born * 50 >= n, "only {born} of {n} schedules started with a member down: the degraded start is not exercised");
+        assert!(born_back * 200 >= n, "only {born_back} of {n} schedules took back the queue pairs of a member down at setup");
     }
 }

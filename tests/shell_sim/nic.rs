@@ -78,6 +78,9 @@ pub(crate) struct Flight {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum QpState {
+    /// Made and never connected (its member, or the peer's, down at setup): it takes receives,
+    /// what reaches it is dropped, and a send posted on it is a fault.
+    Init,
     /// Reset: takes nothing (what reaches it is dropped) until moved to RTR again.
     Reset,
     /// Ready to receive (reset and moved back, not yet sending).
@@ -388,7 +391,7 @@ impl Fabric {
         }
         let p = qp.peer?;
         let peer = &self.qps[p];
-        if self.cut[q] || !self.ports[peer.port].up || matches!(peer.state, QpState::Err | QpState::Gone | QpState::Reset) {
+        if self.cut[q] || !self.ports[peer.port].up || matches!(peer.state, QpState::Err | QpState::Gone | QpState::Reset | QpState::Init) {
             return Some(IBV_WC_RETRY_EXC_ERR);
         }
         // A queue pair reset at one end and not at the other: the responder's expected sequence

@@ -137,8 +137,33 @@ pub(crate) fn pair(p: &Plan) -> Pair {
             })
             .collect()
     };
-    let sc = Common::<SimNic>::new(sp, peer, OwnedFd::from(a), &qpn(&sqps), links(&rqps), set);
-    let rc = Common::<SimNic>::new(rp, peer, OwnedFd::from(b), &qpn(&rqps), links(&sqps), set);
+    // A member down before the comm is made: its port down (shown, one PORT_ERR), and the queue
+    // pairs setup leaves in INIT on both sides, as both sides' metadata tells them.
+    let born = match p.fault {
+        Fault::Port { side, member, at: 0, .. } => {
+            let (s_down, r_down) = if side == Side::Send { (1u8 << member, 0) } else { (0, 1u8 << member) };
+            let port = if side == Side::Send { sports[member] } else { rports[member] };
+            let born = fuse::born_down(p.nqps, p.ls, s_down, p.lr, r_down);
+            fab(|f| {
+                let pt = &mut f.ports[port];
+                pt.up = false;
+                pt.shown_down = true;
+                pt.downs += 1;
+                for q in (0..p.nqps).filter(|&q| born & (1 << q) != 0) {
+                    f.qps[sqps[q]].state = QpState::Init;
+                    f.qps[rqps[q]].state = QpState::Init;
+                }
+            });
+            born
+        }
+        _ => 0,
+    };
+    let mut sc = Common::<SimNic>::new(sp, peer, OwnedFd::from(a), &qpn(&sqps), links(&rqps), set);
+    let mut rc = Common::<SimNic>::new(rp, peer, OwnedFd::from(b), &qpn(&rqps), links(&sqps), set);
+    if born != 0 {
+        sc.start_failed(born, "a member down at setup");
+        rc.start_failed(born, "a member down at setup");
+    }
     let ring_spec = Ring { addr: ring.addr(), rkeys: rkeys(&ring, p.lr), slots: conn::RING_SLOTS, eager_max: p.eager_max };
     let send = VerbsSend::new(
         sc,

@@ -26,7 +26,8 @@ pub(crate) enum Fault {
     /// The links of these queue pairs die at these steps (both ends).
     Links(Vec<(usize, u64)>),
     /// A member's port goes down at `at`, shows it (state DOWN, PORT_ERR) at `shown`, and comes
-    /// back at `back`.
+    /// back at `back`. At 0: down before the comm is made, so setup leaves its queue pairs in
+    /// INIT and the comm starts failed over off them (`fuse::born_down`).
     Port { side: Side, member: usize, at: u64, shown: u64, back: Option<u64>, loc_op_err: bool },
     /// The next work request of queue pair `q` of a side after step `at` fails with `status`.
     Fatal { side: Side, q: usize, at: u64, status: u32 },
@@ -148,6 +149,17 @@ pub(crate) fn plan(seed: u64) -> Plan {
     p.recv_gpu = (0..n).map(|_| r.chance(rg)).collect();
     // A send by parts is a staged GPU buffer: host memory (the bounce buffer).
     p.send_gpu = (0..n).map(|i| r.chance(sg) && p.partial[i].is_none()).collect();
+    // A member down before the comm is made (of a side with another to start on); drawn last.
+    let (ls, lr) = (p.ls, p.lr);
+    if let Fault::Port { side, at, shown, back, .. } = &mut p.fault {
+        let members = if *side == Side::Send { ls } else { lr };
+        if members > 1 && r.chance(30) {
+            let (was_at, was_back) = (*at, *back);
+            *at = 0;
+            *shown = 0;
+            *back = was_back.map(|b| b - was_at);
+        }
+    }
     p
 }
 

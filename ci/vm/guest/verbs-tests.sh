@@ -326,6 +326,14 @@ failover() {  # failover down|loss [ENV...]
 step fused-failover failover down
 step fused-failover-ar failover down NCCL_IB_ADAPTIVE_ROUTING=1
 step fused-failover-loss failover loss
+# back_in_use FILE: each of the two bulk senders sent more on rxe2/rxe3 by the end than when it
+# took the member back (RIVET_STATS' bytes per member at close against the take-back line's).
+back_in_use() {
+  awk '/took back queue pair.*bytes sent per member so far/ { match($0, /\(peer [^)]*\)/); p = substr($0, RSTART, RLENGTH); n = split($0, a, /rxe[23]:1 /); split(a[n], b, /[^0-9]/); at[p] = b[1] }
+       /stats .*bytes sent per member:/ { match($0, /\(peer [^)]*\)/); p = substr($0, RSTART, RLENGTH); n = split($0, a, /rxe[23]:1 /); split(a[n], b, /[^0-9]/); end[p] = b[1] }
+       END { ok = 0; for (p in at) { print "# sender " p ": on its second member " at[p] " bytes when taken back, " end[p] " at close"; if (end[p] + 0 > at[p] + 0) ok++ } exit ok == 2 ? 0 : 1 }' "$1" \
+    || { echo "a sender did not use its second member again after taking it back"; return 1; }
+}
 # Recovery (NCCL_IB_RESILIENCY_PORT_RECOVERY=1): veth2 goes down 15 s into the soak and comes back
 # 10 s later. Every comm must fail over, then take the member back (the receiver resets its side
 # and asks, the sender resets its side and answers), both ranks must pass their checksums, and
@@ -354,12 +362,40 @@ recovery() {
   [ "$(conns 'told the sender what arrived' /tmp/rc.log)" -eq 2 ] || { echo "not both receivers failed over"; cat /tmp/rc.log; return 1; }
   [ "$(conns 'took back queue pair' /tmp/rc.log)" -eq 4 ] || { echo "not every comm took the member back"; cat /tmp/rc.log; return 1; }
   calls_ok /tmp/rc.log || return 1
-  awk '/took back queue pair.*bytes sent per member so far/ { match($0, /\(peer [^)]*\)/); p = substr($0, RSTART, RLENGTH); n = split($0, a, /rxe[23]:1 /); split(a[n], b, /[^0-9]/); at[p] = b[1] }
-       /stats .*bytes sent per member:/ { match($0, /\(peer [^)]*\)/); p = substr($0, RSTART, RLENGTH); n = split($0, a, /rxe[23]:1 /); split(a[n], b, /[^0-9]/); end[p] = b[1] }
-       END { ok = 0; for (p in at) { print "# sender " p ": on its second member " at[p] " bytes when taken back, " end[p] " at close"; if (end[p] + 0 > at[p] + 0) ok++ } exit ok == 2 ? 0 : 1 }' /tmp/rc.log \
-    || { echo "a sender did not use its second member again after taking it back"; return 1; }
+  back_in_use /tmp/rc.log
 }
 step fused-recovery recovery
+# A degraded fused device still connects (NCCL makes connections lazily, long after a member may
+# have failed): veth2 is down (rxe2 and rxe3 DOWN) before the soak makes its comms. Each comm
+# must come up on rxe0/rxe1, say once which member it left out, carry a checksummed stream, and
+# take the member back (recovery) once the wire returns 10 s into the soak; each bulk sender must
+# have sent on rxe2/rxe3 by the end.
+degraded() {
+  /usr/bin/ip link set veth2 down
+  _i=0
+  until grep -q DOWN /sys/class/infiniband/rxe2/ports/1/state && grep -q DOWN /sys/class/infiniband/rxe3/ports/1/state; do
+    [ $_i -lt 100 ] || { echo "rxe2/rxe3 did not go DOWN within 10 s of veth2"; wire_up 1; return 1; }
+    sleep 0.1; _i=$((_i + 1))
+  done
+  env RIVET_TIMEOUT=30 NCCL_DEBUG=INFO RIVET_STATS=1 NCCL_IB_RESILIENCY_PORT_RECOVERY=1 NCCL_IB_TIMEOUT=18 NCCL_IB_RETRY_CNT=3 \
+    ./rivet soak --lib $LIB --dev 0+2,1+3 --minutes 1 --max-size 4M --buffers host > /tmp/dg.log 2>&1 &
+  _p=$!
+  wait_for /tmp/dg.log '^# soak .* t=[0-9]+s: received' 1 900 $_p || { echo "the soak did not report 10 s of traffic with a member down"; cat /tmp/dg.log; kill -9 $_p; wire_up 1; return 1; }
+  wire_up 1 || { echo "the second wire did not come back"; kill -9 $_p; return 1; }
+  _i=0; while kill -0 $_p 2>/dev/null && [ $_i -lt 240 ]; do sleep 0.5; _i=$((_i + 1)); done
+  _stuck=0; kill -0 $_p 2>/dev/null && { _stuck=1; dump_threads rivet; kill -9 $_p; }
+  wait $_p; _rc=$?
+  grep -E "^# soak|WARN|down at setup|failed over|took back|bytes sent per member" /tmp/dg.log | cut -c1-400 | head -40
+  [ $_stuck = 0 ] || { echo "rivet soak still running 2 min after the member came back"; cat /tmp/dg.log; return 1; }
+  [ $_rc = 0 ] || { echo "rivet soak failed (rc $_rc)"; cat /tmp/dg.log; return 1; }
+  [ "$(grep -c 'wrong bytes.*: PASS' /tmp/dg.log)" = 2 ] || { echo "not both ranks passed the checksums"; return 1; }
+  [ "$(conns 'rxe[23]:1, the peer.s member 1 of rxe[0-9+]+ down at setup' /tmp/dg.log)" -eq 4 ] || { echo "not every comm (two senders, two receivers) said once that it left rxe2/rxe3 out"; cat /tmp/dg.log; return 1; }
+  grep -qE 'RDMA setup.*failed|moving QP.*RTR' /tmp/dg.log && { echo "a connection failed to set up"; return 1; }
+  [ "$(conns 'took back queue pair' /tmp/dg.log)" -eq 4 ] || { echo "not every comm took the member back"; cat /tmp/dg.log; return 1; }
+  calls_ok /tmp/dg.log || return 1
+  back_in_use /tmp/dg.log
+}
+step fused-degraded-start degraded
 # The last member fails too: veth2 goes down (the comm fails over to rxe0/rxe1), then veth0. The
 # run must fail within a bound (no hang), with an error that says no member is left. Then both
 # wires come back.

@@ -109,6 +109,16 @@ pub fn member_of(q: usize, members: usize) -> usize {
     q % members.max(1)
 }
 
+/// The queue pairs (bit q) of a connection of `nqps` between a sender of `ls` members and a
+/// receiver of `lr` that run on a member down at setup (`s_down`, `r_down`: bit m, member m of
+/// that side). Both sides compute it from the two masks their metadata carried, so both start
+/// with the same queue pairs failed over.
+pub fn born_down(nqps: usize, ls: usize, s_down: u8, lr: usize, r_down: u8) -> u32 {
+    (0..nqps.min(32))
+        .filter(|&q| s_down & (1 << member_of(q, ls)) != 0 || r_down & (1 << member_of(q, lr)) != 0)
+        .fold(0, |m, q| m | 1 << q)
+}
+
 /// Queue pairs of a connection between a side of `local` members and one of `remote`: every
 /// member of the larger side carries `per_member` (NCCL_IB_QPS_PER_CONNECTION), as net_ib;
 /// at most `max`.
@@ -176,5 +186,15 @@ mod tests {
         assert_eq!(nqps(1, 1, 1, 16), 1);
         assert_eq!((0..4).map(|q| member_of(q, 2)).collect::<Vec<_>>(), [0, 1, 0, 1]);
         assert_eq!((0..4).map(|q| member_of(q, 1)).collect::<Vec<_>>(), [0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn queue_pairs_on_a_member_down_at_setup() {
+        assert_eq!(born_down(4, 2, 0, 2, 0), 0);
+        assert_eq!(born_down(4, 2, 0b10, 2, 0), 0b1010, "the sender's member 1: queue pairs 1 and 3");
+        assert_eq!(born_down(4, 2, 0, 1, 0b1), 0b1111, "the receiver's only member: all");
+        assert_eq!(born_down(3, 2, 0b01, 1, 0), 0b101, "uneven: queue pairs 0 and 2 on member 0");
+        assert_eq!(born_down(4, 2, 0b01, 2, 0b10), 0b1111, "one member down on each side, crosswise");
+        assert_eq!(born_down(2, 1, 0, 2, 0b10), 0b10);
     }
 }

@@ -116,6 +116,12 @@ pub struct Setup {
     parts: usize,
     /// ECE per queue pair: the sender's offer; then what each runs with (both sides).
     ece: Vec<Option<crate::proto::verbs::Ece>>,
+    /// This side's members whose port was down at setup (bit m), as our metadata says.
+    down: u8,
+    /// The queue pairs left in INIT for a member down here or at the peer (`fuse::born_down`),
+    /// and the members, for the comm's record.
+    born_down: u32,
+    born_why: String,
     deadline: Instant,
     timeout: Duration,
     /// Polls that found nothing to do (the deadline is looked at every LATE_EVERY of them).
@@ -182,6 +188,9 @@ impl Setup {
             meta: None,
             parts: 1,
             ece: Vec::new(),
+            down: 0,
+            born_down: 0,
+            born_why: String::new(),
             deadline: Instant::now() + timeout,
             timeout,
             idle_polls: 0,
@@ -195,6 +204,9 @@ impl Setup {
         let cfg = config::get();
         let (nq, ln) = (self.nqps, ps.len());
         let depths = conn::Depths::get();
+        // Members whose port is down now: their queue pairs are made but not connected (the
+        // peer learns it from our metadata), and the comm starts failed over off them.
+        self.down = (0..ln).filter(|&m| conn::port_down(ps[m])).fold(0u8, |d, m| d | 1 << m);
         // One CQ per member (a CQ belongs to one device), holding its queue pairs' completions.
         let on = |m: usize| (0..nq).filter(|&q| fuse::member_of(q, ln) == m).count() as u32;
         let (local, fifo_addr, qpns) = if self.send {
@@ -279,6 +291,7 @@ impl Setup {
             extra,
             ece: self.ece.clone(),
             parts: if self.send { self.parts as u8 } else { 0 },
+            down: self.down,
         };
         self.out = m.encode();
         self.meta = Some(m);
@@ -365,6 +378,7 @@ impl Setup {
     /// Connect our QPs to the peer's (INIT → RTR → RTS), and the flush QP to itself.
     fn connect_qps(&mut self, m: &Meta) -> Result<()> {
         let cfg = config::get();
+        let born = self.born_down(m)?;
         let (ln, rn) = (self.ports.len(), m.members());
         // Queue pair q: our member q % ln to the peer's member q % rn.
         let params = |p: &IbPort, r: &MemberMeta| PathParams {
@@ -395,7 +409,7 @@ impl Setup {
             let r = m.member(fuse::member_of(i, rn));
             let remote = RemoteQp { qpn, lid: r.lid, gid: r.gid, mtu: r.mtu as u32, global: p.is_roce() || r.lid == 0 };
             let params = params(p, &r);
-            rts.push(q.rtr(p, &remote, &params)?.rts(p, &params)?);
+            rts.push(if born & (1 << i) != 0 { q.parked() } else { q.rtr(p, &remote, &params)?.rts(p, &params)? });
             self.links.push(res::Link { remote, params, access: IBV_ACCESS_REMOTE_WRITE, pkey_index: cfg.ib_pkey, ece: None });
         }
         if !self.send {
@@ -427,6 +441,58 @@ impl Setup {
         }
         self.connected = Some(rts);
         Ok(())
+    }
+
+    /// The queue pairs on a member down here or at the peer (`fuse::born_down`, from both
+    /// sides' metadata), to be left in INIT and failed over from the start, logged once. An
+    /// error where none would be left, or failover is off.
+    fn born_down(&mut self, m: &Meta) -> Result<u32> {
+        let (ln, rn) = (self.ports.len(), m.members());
+        let (s, r) = if self.send { ((ln, self.down), (rn, m.down)) } else { ((rn, m.down), (ln, self.down)) };
+        let born = fuse::born_down(self.nqps, s.0, s.1, r.0, r.1);
+        if born == 0 {
+            return Ok(0);
+        }
+        let names = |mine: bool| -> Vec<String> {
+            let (n, down) = if mine { (ln, self.down) } else { (rn, m.down) };
+            (0..n)
+                .filter(|&i| down & (1 << i) != 0)
+                .map(|i| if mine { format!("{}:{}", self.ports[i].dev.name, self.ports[i].port) } else { format!("the peer's member {i} of {}", m.dev_name) })
+                .collect()
+        };
+        let mut left_out = names(true);
+        left_out.extend(names(false));
+        let left_out = left_out.join(", ");
+        let all = ((1u64 << self.nqps) - 1) as u32;
+        if born == all {
+            return Err(Error::system(format!(
+                "RDMA setup with {} on {}: the port of every queue pair is down ({left_out}): check the links and the switch (ibv_devinfo shows each port's state)",
+                self.peer, self.name
+            )));
+        }
+        if !config::get().ib_failover {
+            return Err(Error::system(format!(
+                "RDMA setup with {} on {}: {left_out} is down, and with NCCL_IB_RESILIENCY_PORT_FAILOVER=0 a connection does not start without it: bring the port up, or leave failover on",
+                self.peer, self.name
+            )));
+        }
+        let live: Vec<String> = (0..ln).filter(|&i| self.down & (1 << i) == 0).map(|i| format!("{}:{}", self.ports[i].dev.name, self.ports[i].port)).collect();
+        log::info!(
+            target: crate::log::INIT,
+            "NET/rivet: {} (peer {}, {}): {left_out} down at setup: queue pair(s) {born:#x} start failed over onto {} ({})",
+            self.name,
+            self.peer,
+            if self.send { "sending" } else { "receiving" },
+            live.join(", "),
+            if config::get().ib_recovery {
+                "NCCL_IB_RESILIENCY_PORT_RECOVERY takes them back once the port is up"
+            } else {
+                "they stay out of this connection; NCCL_IB_RESILIENCY_PORT_RECOVERY=1 takes them back once the port is up, and new connections use it again"
+            }
+        );
+        self.born_down = born;
+        self.born_why = format!("{left_out} down at setup");
+        Ok(born)
     }
 
     /// The loopback queue pair of flush reads on `port`, connected to itself, its completions on
@@ -555,7 +621,10 @@ impl Setup {
             ece::describe(&self.ece)
         );
         let qpns: Vec<u32> = qps.iter().map(|q| q.qp().qpn()).collect();
-        let c = Common::<nic::Verbs>::new(self.ports, self.peer, fd, &qpns, std::mem::take(&mut self.links), conn::Settings::from_config());
+        let mut c = Common::<nic::Verbs>::new(self.ports, self.peer, fd, &qpns, std::mem::take(&mut self.links), conn::Settings::from_config());
+        if self.born_down != 0 {
+            c.start_failed(self.born_down, &self.born_why);
+        }
         let fifo_keys = std::array::from_fn(|i| if i < rn { m.member(i).fifo_rkey } else { 0 });
         match self.local.take().unwrap() {
             Local::Send { cqs, mem, parts, .. } => {

@@ -320,6 +320,15 @@ impl QpInit {
         to_rtr(&self.0, port, remote, p, setup_retry())?;
         Ok(QpRtr(self.0))
     }
+
+    /// A queue pair whose member (here or at the peer) is down at setup: left in INIT (RTR
+    /// would fail there, or wait on an address that does not answer) and held as the comm holds
+    /// the others, found failed from the start. Only receives (INIT takes them) and, once the
+    /// failover has moved it to ERR, its drain marker are posted on it; recovery reconnects it
+    /// (RESET, INIT, RTR, RTS) when the port is up again, as one that failed.
+    pub fn parked(self) -> QpRts {
+        QpRts(self.0)
+    }
 }
 
 impl QpRtr {

@@ -197,6 +197,16 @@ impl<N: Nic> Common<N> {
         );
     }
 
+    /// Queue pairs `mask`, on a member down at setup here or at the peer (setup left them in
+    /// INIT and logged it): found failed from the start, so the first call fails them over as
+    /// any that fail (drained, the peer told), and recovery takes them back once the port is up.
+    /// Setup makes a comm so only with a queue pair left to fail over to.
+    pub fn start_failed(&mut self, mask: u32, cause: &str) {
+        if let Failed::Over { .. } = self.qs.fail(mask) {
+            self.causes.push(cause.to_string());
+        }
+    }
+
     pub(in crate::transport::verbs) fn member_name(&self, m: usize) -> String {
         let p = self.ports.get(m).unwrap_or(&self.port);
         format!("{}:{}", p.dev_name(), p.num())
