@@ -365,31 +365,33 @@ recovery() {
   back_in_use /tmp/rc.log
 }
 step fused-recovery recovery
-# A degraded fused device still connects (NCCL makes connections lazily, long after a member may
-# have failed): veth2 is down (rxe2 and rxe3 DOWN) before the soak makes its comms. Each comm
-# must come up on rxe0/rxe1, say once which member it left out, carry a checksummed stream, and
-# take the member back (recovery) once the wire returns 10 s into the soak; each bulk sender must
-# have sent on rxe2/rxe3 by the end.
+# A degraded fused device still connects (NCCL makes connections lazily, long after init, when a
+# member may have failed): the soak's ranks start with every port up (a port down at init is no
+# device), listen, and connect 10 s later (--connect-after); meanwhile veth2 goes down (rxe2 and
+# rxe3 DOWN). Each comm must come up on rxe0/rxe1, say once which member it left out, and carry
+# a checksummed stream; once the soak has reported 10 s of traffic the wire returns, and every
+# comm must take the member back (recovery) and each bulk sender use it by the end.
 degraded() {
+  env RIVET_TIMEOUT=30 NCCL_DEBUG=INFO RIVET_STATS=1 NCCL_IB_RESILIENCY_PORT_RECOVERY=1 NCCL_IB_TIMEOUT=18 NCCL_IB_RETRY_CNT=3 \
+    ./rivet soak --lib $LIB --dev 0+2,1+3 --minutes 1 --max-size 4M --buffers host --connect-after 10 > /tmp/dg.log 2>&1 &
+  _p=$!
+  wait_for /tmp/dg.log '^# rank [01] listening, connecting in' 2 600 $_p || { echo "the ranks did not start listening"; cat /tmp/dg.log; kill -9 $_p; return 1; }
   /usr/bin/ip link set veth2 down
   _i=0
   until grep -q DOWN /sys/class/infiniband/rxe2/ports/1/state && grep -q DOWN /sys/class/infiniband/rxe3/ports/1/state; do
-    [ $_i -lt 100 ] || { echo "rxe2/rxe3 did not go DOWN within 10 s of veth2"; wire_up 1; return 1; }
+    [ $_i -lt 50 ] || { echo "rxe2/rxe3 did not go DOWN within 5 s of veth2"; kill -9 $_p; wire_up 1; return 1; }
     sleep 0.1; _i=$((_i + 1))
   done
-  env RIVET_TIMEOUT=30 NCCL_DEBUG=INFO RIVET_STATS=1 NCCL_IB_RESILIENCY_PORT_RECOVERY=1 NCCL_IB_TIMEOUT=18 NCCL_IB_RETRY_CNT=3 \
-    ./rivet soak --lib $LIB --dev 0+2,1+3 --minutes 1 --max-size 4M --buffers host > /tmp/dg.log 2>&1 &
-  _p=$!
   wait_for /tmp/dg.log '^# soak .* t=[0-9]+s: received' 1 900 $_p || { echo "the soak did not report 10 s of traffic with a member down"; cat /tmp/dg.log; kill -9 $_p; wire_up 1; return 1; }
   wire_up 1 || { echo "the second wire did not come back"; kill -9 $_p; return 1; }
   _i=0; while kill -0 $_p 2>/dev/null && [ $_i -lt 240 ]; do sleep 0.5; _i=$((_i + 1)); done
   _stuck=0; kill -0 $_p 2>/dev/null && { _stuck=1; dump_threads rivet; kill -9 $_p; }
   wait $_p; _rc=$?
-  grep -E "^# soak|WARN|down at setup|failed over|took back|bytes sent per member" /tmp/dg.log | cut -c1-400 | head -40
+  grep -E "^# soak|^# rank|WARN|down at setup|failed over|took back|bytes sent per member" /tmp/dg.log | cut -c1-400 | head -40
   [ $_stuck = 0 ] || { echo "rivet soak still running 2 min after the member came back"; cat /tmp/dg.log; return 1; }
   [ $_rc = 0 ] || { echo "rivet soak failed (rc $_rc)"; cat /tmp/dg.log; return 1; }
   [ "$(grep -c 'wrong bytes.*: PASS' /tmp/dg.log)" = 2 ] || { echo "not both ranks passed the checksums"; return 1; }
-  [ "$(conns 'rxe[23]:1, the peer.s member 1 of rxe[0-9+]+ down at setup' /tmp/dg.log)" -eq 4 ] || { echo "not every comm (two senders, two receivers) said once that it left rxe2/rxe3 out"; cat /tmp/dg.log; return 1; }
+  [ "$(conns 'rxe[23]:1, the peer.s member 1 of rxe[0-9]+[+]rxe[0-9]+ down at setup' /tmp/dg.log)" -eq 4 ] || { echo "not every comm (two senders, two receivers) said once that it left rxe2/rxe3 out"; cat /tmp/dg.log; return 1; }
   grep -qE 'RDMA setup.*failed|moving QP.*RTR' /tmp/dg.log && { echo "a connection failed to set up"; return 1; }
   [ "$(conns 'took back queue pair' /tmp/dg.log)" -eq 4 ] || { echo "not every comm took the member back"; cat /tmp/dg.log; return 1; }
   calls_ok /tmp/dg.log || return 1

@@ -216,8 +216,8 @@ fn run(cli: Cli) -> Res<i32> {
                 if *phase == "staged" {
                     env.push(("RIVET_STAGE_HOST", "1".into()));
                 }
-                // Bounded: the run, the rounds after the deadline, and setup.
-                let limit = Duration::from_secs_f64(secs + 120.0 + 2.0 * nccl_net_rivet::config::get().timeout_secs as f64);
+                // Bounded: the run, the rounds after the deadline, the wait before connecting, and setup.
+                let limit = Duration::from_secs_f64(secs + 120.0 + o.connect_after as f64 + 2.0 * nccl_net_rivet::config::get().timeout_secs as f64);
                 bad += launch_env(2, &o.common.lib, &env, limit)?;
             }
             println!("# rivet soak: {}", if bad == 0 { "PASS" } else { "FAIL" });

@@ -150,14 +150,16 @@ impl Ring {
     /// sends the launcher its line for nccl-tests' `# Using devices` list, which the launcher
     /// prints in rank order once every rank has joined.
     pub fn join(lib: &std::path::Path, rank: usize, nranks: usize, devs: &[Vec<i32>], describe: bool) -> Res<Ring> {
-        Self::join_with(Net::load(lib)?, rank, nranks, devs, describe, 1, false)
+        Self::join_with(Net::load(lib)?, rank, nranks, devs, describe, 1, false, Duration::ZERO)
     }
 
     /// As [`Ring::join`], with the plugin already loaded (and initialized), and `comms` pairs of
     /// comms (each its own listen, connect and accept, as NCCL makes one per peer and channel).
     /// `warm`: one more pair is connected first, untimed, and closed again (the process's first
     /// connection, with what the plugin pays once per process), then the `comms` pairs are
-    /// connected and timed.
+    /// connected and timed. `connect_after`: between the handles' exchange and the first connect,
+    /// the rank says so (`# rank R listening, connecting in S s`) and waits that long.
+    #[allow(clippy::too_many_arguments)]
     pub fn join_with(
         net: Net,
         rank: usize,
@@ -166,6 +168,7 @@ impl Ring {
         describe: bool,
         comms: usize,
         warm: bool,
+        connect_after: Duration,
     ) -> Res<Ring> {
         let ndev = net.ndev()?;
         let spec = devs.get(rank % devs.len().max(1)).cloned().unwrap_or_else(|| vec![0]);
@@ -236,6 +239,11 @@ impl Ring {
                 return Err(e);
             }
         };
+        if !connect_after.is_zero() {
+            println!("OUT # rank {rank} listening, connecting in {} s", connect_after.as_secs());
+            std::io::stdout().flush().map_err(|e| e.to_string())?;
+            std::thread::sleep(connect_after);
+        }
         if warm {
             // The warm-up pair: connected alone, untimed, and closed.
             match net.connect_accept(dev, &mut peers[..1], &lcs[..1]) {

@@ -148,7 +148,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     let maps_before = if smaps { crate::usage::rss_by_mapping() } else { Default::default() };
     // The ring (and its comms) is made after the buffers, so it is dropped before them: on an
     // error return no comm with requests in flight outlives the memory they name.
-    let r = Ring::join_with(net, rank, nranks, &devs, false, n, o.warm)?;
+    let r = Ring::join_with(net, rank, nranks, &devs, false, n, o.warm, std::time::Duration::ZERO)?;
     let idle = if costs { Usage::now() } else { Usage::default() };
     if smaps {
         // Where the connected pairs' RSS is, by mapping, largest first.

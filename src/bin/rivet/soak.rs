@@ -34,6 +34,10 @@ pub struct Opts {
     /// Which buffers: host, staged, or both (host, then staged)
     #[arg(long, value_name = "WHICH", default_value = "both", value_parser = ["host", "staged", "both"])]
     pub buffers: String,
+    /// Listen, then wait this many seconds before connecting (NCCL connects lazily, long after
+    /// init): a test changes the fabric meanwhile, e.g. takes a member of a fused device down
+    #[arg(long = "connect-after", value_name = "SECS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub connect_after: u64,
     #[command(flatten)]
     pub common: Common,
 }
@@ -203,7 +207,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
     // Declared before the ring (and its comms), so dropped after it: on an error return no comm
     // with requests in flight outlives the memory they name.
     let (mut sarena, mut rarena): (Arena, Arena);
-    let mut r = Ring::join_with(net, rank, nranks, &devs, false, 1, false)?;
+    let mut r = Ring::join_with(net, rank, nranks, &devs, false, 1, false, std::time::Duration::from_secs(o.connect_after))?;
     let secs = std::env::var("RIVET_SOAK_SECS").ok().and_then(|s| s.parse::<f64>().ok()).ok_or("soak: the launcher did not say how long")?;
     let seed = std::env::var("RIVET_SOAK_SEED").ok().and_then(|s| s.parse::<u64>().ok()).ok_or("soak: no seed")?;
     let phase = std::env::var("RIVET_SOAK_PHASE").unwrap_or_default();

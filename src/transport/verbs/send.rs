@@ -347,7 +347,11 @@ impl<N: Nic> VerbsSend<N> {
             let mut n = 0;
             if let Some((off, len)) = s.data {
                 let rkey = if rn > 1 { self.cts_rkeys[t.sizes_off as usize / 8].0[rm] } else { t.rkey };
-                self.c.member_bytes[lm] += len as u64;
+                // Not a part posted to a queue pair found failed (dropped: the failover sends it
+                // again), as a comm's first send can be onto a member down at setup.
+                if !self.gone(q) {
+                    self.c.member_bytes[lm] += len as u64;
+                }
                 self.sges[0] = ibv_sge { addr: data + off as u64, length: len as u32, lkey: lkeys[lm] };
                 self.wrs[0] = rdma_wr(IBV_WR_RDMA_WRITE, wr_id, t.addr + off as u64, rkey, 1);
                 if !on_gpu && len <= N::max_inline(&self.qps[q]) as usize {
