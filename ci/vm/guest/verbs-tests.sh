@@ -326,6 +326,17 @@ failover() {  # failover down|loss [ENV...]
 step fused-failover failover down
 step fused-failover-ar failover down NCCL_IB_ADAPTIVE_ROUTING=1
 step fused-failover-loss failover loss
+# soak_ends PID LOG: a soak started with the fused pair's member back ends within 2 min (else its
+# threads are dumped and it is killed), with rc 0 and both ranks' checksums passed.
+soak_ends() {
+  _i=0; while kill -0 $1 2>/dev/null && [ $_i -lt 240 ]; do sleep 0.5; _i=$((_i + 1)); done
+  _stuck=0; kill -0 $1 2>/dev/null && { _stuck=1; dump_threads rivet; kill -9 $1; }
+  wait $1; _rc=$?
+  grep -E "^# soak|^# rank|WARN|down at setup|failed over|took back|bytes sent per member" $2 | cut -c1-400 | head -40
+  [ $_stuck = 0 ] || { echo "rivet soak still running 2 min after the member came back"; cat $2; return 1; }
+  [ $_rc = 0 ] || { echo "rivet soak failed (rc $_rc)"; cat $2; return 1; }
+  [ "$(grep -c 'wrong bytes.*: PASS' $2)" = 2 ] || { echo "not both ranks passed the checksums"; return 1; }
+}
 # back_in_use FILE: each of the two bulk senders sent more on rxe2/rxe3 by the end than when it
 # took the member back (RIVET_STATS' bytes per member at close against the take-back line's).
 back_in_use() {
@@ -352,13 +363,7 @@ recovery() {
     sleep 0.1; _i=$((_i + 1))
   done
   wire_up 1 || { echo "the second wire did not come back"; kill -9 $_p; return 1; }
-  _i=0; while kill -0 $_p 2>/dev/null && [ $_i -lt 240 ]; do sleep 0.5; _i=$((_i + 1)); done
-  _stuck=0; kill -0 $_p 2>/dev/null && { _stuck=1; kill -9 $_p; }
-  wait $_p; _rc=$?
-  grep -E "^# soak|WARN|failed over|took back|bytes sent per member" /tmp/rc.log | cut -c1-400 | head -40
-  [ $_stuck = 0 ] || { echo "rivet soak still running 2 min after the member came back"; cat /tmp/rc.log; return 1; }
-  [ $_rc = 0 ] || { echo "rivet soak failed (rc $_rc)"; cat /tmp/rc.log; return 1; }
-  [ "$(grep -c 'wrong bytes.*: PASS' /tmp/rc.log)" = 2 ] || { echo "not both ranks passed the checksums"; return 1; }
+  soak_ends $_p /tmp/rc.log || return 1
   [ "$(conns 'told the sender what arrived' /tmp/rc.log)" -eq 2 ] || { echo "not both receivers failed over"; cat /tmp/rc.log; return 1; }
   [ "$(conns 'took back queue pair' /tmp/rc.log)" -eq 4 ] || { echo "not every comm took the member back"; cat /tmp/rc.log; return 1; }
   calls_ok /tmp/rc.log || return 1
@@ -384,13 +389,7 @@ degraded() {
   done
   wait_for /tmp/dg.log '^# soak .* t=[0-9]+s: received' 1 900 $_p || { echo "the soak did not report 10 s of traffic with a member down"; cat /tmp/dg.log; kill -9 $_p; wire_up 1; return 1; }
   wire_up 1 || { echo "the second wire did not come back"; kill -9 $_p; return 1; }
-  _i=0; while kill -0 $_p 2>/dev/null && [ $_i -lt 240 ]; do sleep 0.5; _i=$((_i + 1)); done
-  _stuck=0; kill -0 $_p 2>/dev/null && { _stuck=1; dump_threads rivet; kill -9 $_p; }
-  wait $_p; _rc=$?
-  grep -E "^# soak|^# rank|WARN|down at setup|failed over|took back|bytes sent per member" /tmp/dg.log | cut -c1-400 | head -40
-  [ $_stuck = 0 ] || { echo "rivet soak still running 2 min after the member came back"; cat /tmp/dg.log; return 1; }
-  [ $_rc = 0 ] || { echo "rivet soak failed (rc $_rc)"; cat /tmp/dg.log; return 1; }
-  [ "$(grep -c 'wrong bytes.*: PASS' /tmp/dg.log)" = 2 ] || { echo "not both ranks passed the checksums"; return 1; }
+  soak_ends $_p /tmp/dg.log || return 1
   [ "$(conns 'rxe[23]:1, the peer.s member 1 of rxe[0-9]+[+]rxe[0-9]+ down at setup' /tmp/dg.log)" -eq 4 ] || { echo "not every comm (two senders, two receivers) said once that it left rxe2/rxe3 out"; cat /tmp/dg.log; return 1; }
   grep -qE 'RDMA setup.*failed|moving QP.*RTR' /tmp/dg.log && { echo "a connection failed to set up"; return 1; }
   [ "$(conns 'took back queue pair' /tmp/dg.log)" -eq 4 ] || { echo "not every comm took the member back"; cat /tmp/dg.log; return 1; }
