@@ -32,7 +32,7 @@ mod notices;
 
 pub(super) use super::post::{mr_for, post_chain, rdma_wr, SqBook};
 pub(super) use crate::proto::qps::Drain;
-pub(super) use failover::{once, port_down};
+pub(super) use failover::once;
 use liveness::event_hint;
 pub use crate::proto::recv::{FLUSH_REQS, RECV_REQS};
 pub use crate::proto::send::{RTS_HDRS, SEND_REQS};

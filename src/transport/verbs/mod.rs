@@ -122,6 +122,8 @@ pub struct Setup {
     /// and the members, for the comm's record.
     born_down: u32,
     born_why: String,
+    /// Every queue pair on a member down at setup (the members named): connected all the same.
+    all_down: Option<String>,
     deadline: Instant,
     timeout: Duration,
     /// Polls that found nothing to do (the deadline is looked at every LATE_EVERY of them).
@@ -191,6 +193,7 @@ impl Setup {
             down: 0,
             born_down: 0,
             born_why: String::new(),
+            all_down: None,
             deadline: Instant::now() + timeout,
             timeout,
             idle_polls: 0,
@@ -206,7 +209,14 @@ impl Setup {
         let depths = conn::Depths::get();
         // Members whose port is down now: their queue pairs are made but not connected (the
         // peer learns it from our metadata), and the comm starts failed over off them.
-        self.down = (0..ln).filter(|&m| conn::port_down(ps[m])).fold(0u8, |d, m| d | 1 << m);
+        // The port's state now (after its events): one that flapped and is ACTIVE again connects.
+        self.down = (0..ln)
+            .filter(|&m| {
+                use nic::NicPort;
+                ps[m].poll_events();
+                ps[m].state().is_some_and(|s| s != "ACTIVE")
+            })
+            .fold(0u8, |d, m| d | 1 << m);
         // One CQ per member (a CQ belongs to one device), holding its queue pairs' completions.
         let on = |m: usize| (0..nq).filter(|&q| fuse::member_of(q, ln) == m).count() as u32;
         let (local, fifo_addr, qpns) = if self.send {
@@ -409,7 +419,14 @@ impl Setup {
             let r = m.member(fuse::member_of(i, rn));
             let remote = RemoteQp { qpn, lid: r.lid, gid: r.gid, mtu: r.mtu as u32, global: p.is_roce() || r.lid == 0 };
             let params = params(p, &r);
-            rts.push(if born & (1 << i) != 0 { q.parked() } else { q.rtr(p, &remote, &params)?.rts(p, &params)? });
+            rts.push(if born & (1 << i) != 0 {
+                q.parked()
+            } else {
+                q.rtr(p, &remote, &params).and_then(|q| q.rts(p, &params)).map_err(|e| match &self.all_down {
+                    Some(d) => Error::system(format!("{e} (the port of every queue pair is down: {d}: check the links and the switch; ibv_devinfo shows each port's state)")),
+                    None => e,
+                })?
+            });
             self.links.push(res::Link { remote, params, access: IBV_ACCESS_REMOTE_WRITE, pkey_index: cfg.ib_pkey, ece: None });
         }
         if !self.send {
@@ -444,8 +461,9 @@ impl Setup {
     }
 
     /// The queue pairs on a member down here or at the peer (`fuse::born_down`, from both
-    /// sides' metadata), to be left in INIT and failed over from the start, logged once. An
-    /// error where none would be left, or failover is off.
+    /// sides' metadata), to be left in INIT and failed over from the start, logged once. None
+    /// where none would be left (all are connected, and a failed RTR names the ports); an error
+    /// where failover is off.
     fn born_down(&mut self, m: &Meta) -> Result<u32> {
         let (ln, rn) = (self.ports.len(), m.members());
         let (s, r) = if self.send { ((ln, self.down), (rn, m.down)) } else { ((rn, m.down), (ln, self.down)) };
@@ -465,10 +483,10 @@ impl Setup {
         let left_out = left_out.join(", ");
         let all = ((1u64 << self.nqps) - 1) as u32;
         if born == all {
-            return Err(Error::system(format!(
-                "RDMA setup with {} on {}: the port of every queue pair is down ({left_out}): check the links and the switch (ibv_devinfo shows each port's state)",
-                self.peer, self.name
-            )));
+            // Nothing to start on: connected as any other (a port coming up meanwhile works);
+            // an RTR that fails says why.
+            self.all_down = Some(left_out);
+            return Ok(0);
         }
         if !config::get().ib_failover {
             return Err(Error::system(format!(
