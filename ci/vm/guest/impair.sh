@@ -146,6 +146,9 @@ done
 # Each output line gets the guest's uptime in front, so the WARNs can be timed.
 stamp() { while IFS= read -r _l; do read -r _t _ < /proc/uptime; echo "$_t $_l"; done; }
 flap() {  # flap SECS expect(survive|fail) BOUND
+  # The last step's log goes first: the wait below must not find its lines (its header and EXIT)
+  # before this run's redirection has emptied the file, and start the outage before the stream.
+  rm -f /tmp/flap.log
   (./rivet perf --check --lib $LIB --dev 0,1 --sizes 1M --bytes 512M --lat-iters 10 2>&1; echo "EXIT $?") | stamp > /tmp/flap.log &
   # Once the stream runs (its table's header).
   wait_for /tmp/flap.log 'size[(]B[)]|EXIT' 1 600 || { echo "rivet perf did not start its stream"; cat /tmp/flap.log; return 1; }

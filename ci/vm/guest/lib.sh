@@ -143,12 +143,14 @@ wire_up() {
 }
 
 # wait_for FILE REGEX [COUNT [TENTHS [PID]]]: until FILE has COUNT (default 1) lines matching the
-# extended REGEX (default: up to 60 s); gives up early when process PID has exited. The VM steps
+# extended REGEX (default: up to 60 s; a FILE not there yet has none); gives up early when process
+# PID has exited. The VM steps
 # order their events by this, not by fixed sleeps (a loaded host stretches every phase).
 wait_for() {
   _wn=0
   while [ $_wn -lt "${4:-600}" ]; do
-    [ "$(grep -cE "$2" "$1" 2>/dev/null)" -ge "${3:-1}" ] && return 0
+    _wc=$(grep -cE "$2" "$1" 2>/dev/null)
+    [ "${_wc:-0}" -ge "${3:-1}" ] && return 0
     [ -z "${5:-}" ] || kill -0 "$5" 2>/dev/null || return 1
     sleep 0.1; _wn=$((_wn + 1))
   done

@@ -298,6 +298,8 @@ calls_ok() {
 # for a stall of the VM on a loaded CI host to exhaust them once before the wire went down).
 failover() {  # failover down|loss [ENV...]
   _how=$1; shift
+  # Three steps share the log: the last one's lines go first, so that the waits below see this run's.
+  rm -f /tmp/fo.log
   env RIVET_TIMEOUT=30 NCCL_DEBUG=INFO NCCL_IB_TIMEOUT=18 NCCL_IB_RETRY_CNT=3 "$@" \
     ./rivet soak --lib $LIB --dev 0+2,1+3 --minutes 1 --max-size 4M --buffers host > /tmp/fo.log 2>&1 &
   _p=$!
