@@ -45,9 +45,10 @@ count() { # NAME KIND RC LOG
       [ "$rc" != 0 ] && [ "$f" = 0 ] && f=1
       ;;
     vm)
-      p=$(grep -cE '^(VERBS|IMPAIR) .* PASS' "$log" || true)
-      f=$(grep -cE '^(VERBS|IMPAIR) .* FAIL' "$log" || true)
-      s=$(grep -cE '^(VERBS|IMPAIR) .* SKIP' "$log" || true)
+      # Once per step: the guest prints each step's line as it ends and again in its summary.
+      p=$(grep -E '^(VERBS|IMPAIR) .* PASS' "$log" | sort -u | wc -l)
+      f=$(grep -E '^(VERBS|IMPAIR) .* FAIL' "$log" | sort -u | wc -l)
+      s=$(grep -E '^(VERBS|IMPAIR) .* SKIP' "$log" | sort -u | wc -l)
       [ "$rc" != 0 ] && [ "$f" = 0 ] && f=1
       [ "$p" = 0 ] && [ "$f" = 0 ] && f=1 # nothing ran: not a pass
       ;;
