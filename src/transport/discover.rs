@@ -123,10 +123,11 @@ pub fn tcp_warning(why: &str, topo: &Topology, dev_ib: &Path) -> Option<String> 
 /// usual causes that fits; None where `why` already says it (libibverbs missing or too old).
 pub fn rdma_fix(why: &str, topo: &Topology, dev_ib: &Path) -> Option<String> {
     let has_rdma = topo.nics.iter().any(|n| n.kind == NicKind::Rdma);
-    let uverbs = std::fs::read_dir(dev_ib).map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("uverbs"))).unwrap_or(false);
-    Some(if why.starts_with("cannot load ") || why.contains(" has no symbol ") {
+    if why.starts_with("cannot load ") || why.contains(" has no symbol ") {
         return None;
-    } else if has_rdma && !uverbs {
+    }
+    let uverbs = std::fs::read_dir(dev_ib).map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("uverbs"))).unwrap_or(false);
+    Some(if has_rdma && !uverbs {
         format!("{} has no uverbs device: in a container, pass the RDMA devices in (docker/podman: --device=/dev/infiniband; Kubernetes: the RDMA device plugin's resource and the IPC_LOCK capability)", dev_ib.display())
     } else if why.contains("NCCL_IB_HCA") {
         "NCCL_IB_HCA selects none of the usable ports: list them with `rivet doctor` (or ibv_devinfo) and fix the selection".into()

@@ -207,16 +207,22 @@ impl Setup {
         let cfg = config::get();
         let (nq, ln) = (self.nqps, ps.len());
         let depths = conn::Depths::get();
-        // Members whose port is down now: their queue pairs are made but not connected (the
-        // peer learns it from our metadata), and the comm starts failed over off them.
-        // The port's state now (after its events): one that flapped and is ACTIVE again connects.
-        self.down = (0..ln)
-            .filter(|&m| {
-                use nic::NicPort;
-                ps[m].poll_events();
-                ps[m].state().is_some_and(|s| s != "ACTIVE")
-            })
-            .fold(0u8, |d, m| d | 1 << m);
+        // A fused device's members whose port is down now: their queue pairs are made but not
+        // connected (the peer learns it from our metadata), and the comm starts failed over off
+        // them. The port's state now (after its events): one that flapped and is ACTIVE again
+        // connects. A single port is not asked (a device query per connection): down, it leaves
+        // nothing to start on, and its queue pairs are connected as they always were.
+        self.down = if ln == 1 {
+            0
+        } else {
+            (0..ln)
+                .filter(|&m| {
+                    use nic::NicPort;
+                    ps[m].poll_events();
+                    ps[m].state().is_some_and(|s| s != "ACTIVE")
+                })
+                .fold(0u8, |d, m| d | 1 << m)
+        };
         // One CQ per member (a CQ belongs to one device), holding its queue pairs' completions.
         let on = |m: usize| (0..nq).filter(|&q| fuse::member_of(q, ln) == m).count() as u32;
         let (local, fifo_addr, qpns) = if self.send {
