@@ -6,6 +6,8 @@
 
 use std::process::{Command, Output};
 
+mod common;
+
 fn rivet(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rivet")).args(args).env("NCCL_SOCKET_IFNAME", "lo").env_remove("NCCL_DEBUG").output().unwrap()
 }
@@ -55,7 +57,7 @@ fn version_names_the_exported_tables() {
         .split_whitespace()
         .filter_map(|w| w.strip_prefix('v')?.parse().ok())
         .collect();
-    let lib = std::path::Path::new(env!("CARGO_BIN_EXE_rivet")).with_file_name("libnccl_net_rivet.so");
+    let lib = common::cdylib();
     let nm = Command::new("nm").args(["-D", "--defined-only"]).arg(&lib).output().expect("nm (binutils)");
     let syms = String::from_utf8_lossy(&nm.stdout);
     let exported: Vec<u32> = syms

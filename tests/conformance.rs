@@ -4,6 +4,8 @@
 //! STATIC_PLUGIN).
 
 use std::path::{Path, PathBuf};
+
+mod common;
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -17,9 +19,7 @@ fn target_dir() -> PathBuf {
 }
 
 fn lib() -> PathBuf {
-    let p = target_dir().join("libnccl_net_rivet.so");
-    assert!(p.exists(), "{} not built", p.display());
-    p
+    common::cdylib()
 }
 
 fn cc(src: &str, out: &str, extra: &[&str]) -> PathBuf {

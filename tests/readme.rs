@@ -4,6 +4,8 @@
 
 use nccl_net_rivet::config::{USER_SET, VARS};
 
+mod common;
+
 fn readme() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap()
 }
@@ -137,7 +139,7 @@ fn the_container_recipe_runs_its_command_in_the_image_layout() {
     std::fs::create_dir_all(top.join("lib")).unwrap();
     std::fs::create_dir_all(top.join("bin")).unwrap();
     let built = std::path::Path::new(env!("CARGO_BIN_EXE_rivet")).parent().unwrap().to_path_buf();
-    std::fs::copy(built.join("libnccl_net_rivet.so"), top.join("lib/libnccl-net-rivet.so")).unwrap();
+    std::fs::copy(common::cdylib(), top.join("lib/libnccl-net-rivet.so")).unwrap();
     std::fs::copy(built.join("rivet"), top.join("bin/rivet")).unwrap();
     let mut env: Vec<(String, String)> = Vec::new();
     for kv in env_line["ENV ".len()..].split_whitespace() {

@@ -236,3 +236,17 @@ pub fn skip(name: &str, why: &str) {
     use std::io::Write;
     let _ = std::io::stdout().lock().write_all(format!("SKIP {name}: {why}\n").as_bytes());
 }
+
+/// The built cdylib: target/<profile>/libnccl_net_rivet.so where cargo built it as a target of
+/// its own (`cargo build`), else the copy in deps/, which is all `cargo test` alone leaves (the
+/// lib built only for the tests and the CLI is not copied up).
+pub fn cdylib() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_BIN_EXE_rivet")).parent().unwrap().to_path_buf();
+    let top = dir.join("libnccl_net_rivet.so");
+    if top.exists() {
+        return top;
+    }
+    let deps = dir.join("deps/libnccl_net_rivet.so");
+    assert!(deps.exists(), "the cdylib is not built: neither {} nor {}", top.display(), deps.display());
+    deps
+}
