@@ -88,6 +88,20 @@ impl Token {
         Some(Token { kind, index, gen, req })
     }
 
+    /// A request's token, or None for any other value: `from_ptr` for the one kind every
+    /// `test` takes, without the general decode's steps.
+    #[inline(always)]
+    pub fn request_from_ptr(p: *mut std::ffi::c_void) -> Option<Token> {
+        let v = p as usize as u64;
+        let hi = v >> (KIND_BITS + REQ_BITS + GEN_BITS);
+        if v & ((1 << KIND_BITS) - 1) != Kind::Request as u64 || hi == 0 {
+            return None;
+        }
+        let req = ((v >> KIND_BITS) & ((1 << REQ_BITS) - 1)) as u32;
+        let gen = ((v >> (KIND_BITS + REQ_BITS)) & GEN_MASK as u64) as u32;
+        Some(Token { kind: Kind::Request, index: (hi - 1) as u32, gen, req })
+    }
+
     /// Whether two tokens name the same object (a comm and one of its requests do).
     pub fn same_object(self, other: Token) -> bool {
         (self.index, self.gen) == (other.index, other.gen)
@@ -126,7 +140,7 @@ unsafe impl<T: Send> Sync for Slot<T> {}
 
 /// A table of objects of one kind (two kinds for comms: send and receive share one table).
 pub struct Table<T> {
-    chunks: [OnceLock<Box<[Slot<T>]>>; CHUNKS],
+    chunks: [OnceLock<Box<[Slot<T>; CHUNK]>>; CHUNKS],
     free: Mutex<(Vec<u32>, u32)>,
 }
 
@@ -231,10 +245,11 @@ impl<T> Table<T> {
         Table { chunks: [const { OnceLock::new() }; CHUNKS], free: Mutex::new((Vec::new(), 0)) }
     }
 
-    #[inline]
+    #[inline(always)]
     fn slot(&self, index: u32) -> Option<&Slot<T>> {
         let c = self.chunks.get(index as usize / CHUNK)?.get()?;
-        c.get(index as usize % CHUNK)
+        // A chunk is an array of CHUNK slots: no bounds check.
+        Some(&c[index as usize % CHUNK])
     }
 
     /// Store `v`; the token names it as `kind` until `remove`. When the table is full, `v` comes
@@ -252,7 +267,8 @@ impl<T> Table<T> {
             }
         };
         let chunk = self.chunks[index as usize / CHUNK].get_or_init(|| {
-            (0..CHUNK).map(|_| Slot { state: AtomicU32::new(EMPTY | (1 << GEN_SHIFT)), val: UnsafeCell::new(None) }).collect()
+            let slots: Box<[Slot<T>]> = (0..CHUNK).map(|_| Slot { state: AtomicU32::new(EMPTY | (1 << GEN_SHIFT)), val: UnsafeCell::new(None) }).collect();
+            slots.try_into().unwrap_or_else(|_| unreachable!("CHUNK slots were made"))
         });
         let slot = &chunk[index as usize % CHUNK];
         // An empty slot: no token matches it, so nothing but a stale look (`check`) reaches it.
@@ -275,7 +291,7 @@ impl<T> Table<T> {
 
     /// The object `t` names, held for the caller: one compare-and-swap when nobody else holds it
     /// (a slot whose generation is the token's holds an object: an empty one has EMPTY set).
-    #[inline]
+    #[inline(always)]
     pub fn get(&self, t: Token) -> Result<Guard<'_, T>, Stale> {
         let slot = self.slot(t.index).ok_or(Stale::Foreign)?;
         let free = t.gen << GEN_SHIFT;
@@ -342,6 +358,11 @@ mod tests {
             let p = t.to_ptr();
             assert!(!p.is_null() && p as usize != 1);
             assert_eq!(Token::from_ptr(p), Some(t));
+            assert_eq!(Token::request_from_ptr(p), Some(t).filter(|t| t.kind == Kind::Request), "the request decode agrees");
+        }
+        for v in [0usize, 1, 6, (1 << 40) | 5, usize::MAX, (3 << 40) | (7 << 16) | (9 << 3) | 6] {
+            let p = v as *mut std::ffi::c_void;
+            assert_eq!(Token::request_from_ptr(p), Token::from_ptr(p).filter(|t| t.kind == Kind::Request), "{v:#x}");
         }
         assert_eq!(Token::from_ptr(std::ptr::null_mut()), None);
         assert_eq!(Token::from_ptr(1 as *mut _), None);

@@ -19,7 +19,7 @@ use devices::device;
 use crate::error::{Error, Result};
 use crate::gpu::staging::Staged;
 use crate::handles::{Guard, Kind, Stale, Table, Token, MAX_REQUESTS};
-use crate::transport::{Conn, Lent, MrInfo, RecvBuf, MAX_RECVS};
+use crate::transport::{Conn, DataPath, Lent, MrInfo, RecvBuf, MAX_RECVS};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
@@ -162,7 +162,7 @@ impl Drop for Comm {
 }
 
 impl Comm {
-    fn open(dev: i32, conn: Box<dyn Conn>, send: bool) -> Result<*mut c_void> {
+    fn open(dev: i32, conn: DataPath, send: bool) -> Result<*mut c_void> {
         let d = device(dev)?;
         let label = format!("{} comm on dev {dev} ({})", if send { "send" } else { "recv" }, d.info().name.to_string_lossy());
         let conn = Staged::new(conn, send, label, d.registrar(send));
@@ -410,14 +410,12 @@ pub unsafe fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mu
 /// contract: the `n` of its irecv).
 #[inline]
 pub unsafe fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()> {
-    if req.is_null() || done.is_null() {
-        return Err(Error::internal("test with a NULL request or done pointer"));
+    if done.is_null() {
+        return Err(Error::internal("test with a NULL done pointer"));
     }
     // SAFETY: `done` is not NULL, and points to an int (the caller's promise).
     unsafe { *done = 0 };
-    let Some(t) = Token::from_ptr(req).filter(|t| t.kind == Kind::Request) else {
-        return Err(Error::internal(format!("test on {req:p}, which is not a rivet request")));
-    };
+    let Some(t) = Token::request_from_ptr(req) else { return Err(not_request(req)) };
     let mut c = match COMMS.get(t) {
         Ok(c) => c,
         Err(e) => return Err(stale_request(req, e)),
@@ -452,6 +450,16 @@ pub unsafe fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<
         }
     }
     Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn not_request(req: *mut c_void) -> Error {
+    if req.is_null() {
+        Error::internal("test with a NULL request")
+    } else {
+        Error::internal(format!("test on {req:p}, which is not a rivet request"))
+    }
 }
 
 #[cold]

@@ -119,13 +119,13 @@ pub trait Transport: Send + Sync {
 /// A listening comm's transport side.
 pub trait Listening: Send {
     /// Non-blocking: a receive comm once a connection has fully arrived.
-    fn accept(&mut self) -> Result<Option<Box<dyn Conn>>>;
+    fn accept(&mut self) -> Result<Option<DataPath>>;
 }
 
 /// A connect in progress, kept between NCCL's calls.
 pub trait Dialing: Send {
     /// Non-blocking: the send comm once the connection is up.
-    fn poll(&mut self) -> Result<Option<Box<dyn Conn>>>;
+    fn poll(&mut self) -> Result<Option<DataPath>>;
 }
 
 /// A device's PCI path for the log ("none (virtual)" without one).
@@ -337,5 +337,63 @@ pub trait Conn: Send {
     /// Move deferred posts on, as far as there is room.
     fn progress_deferred(&mut self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// A connected comm's data path, held by type: the RDMA comms, whose calls are inline in the
+/// core's (every message's way: no virtual call, and the idle `test`'s straight path inlined up
+/// to the provider's poll), or another transport's comm behind `dyn Conn`.
+pub enum DataPath {
+    VerbsSend(Box<verbs::send::VerbsSend>),
+    VerbsRecv(Box<verbs::recv::VerbsRecv>),
+    Other(Box<dyn Conn>),
+}
+
+/// `$body` with `$c` bound to whichever comm `$d` holds.
+macro_rules! on_path {
+    ($d:expr, $c:ident => $body:expr) => {
+        match $d {
+            DataPath::VerbsSend($c) => $body,
+            DataPath::VerbsRecv($c) => $body,
+            DataPath::Other($c) => $body,
+        }
+    };
+}
+
+impl Conn for DataPath {
+    #[inline]
+    fn isend(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
+        on_path!(self, c => c.isend(data, tag, mr))
+    }
+    #[inline]
+    fn isend_partial(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>, ready: usize) -> Result<Option<u32>> {
+        on_path!(self, c => c.isend_partial(data, tag, mr, ready))
+    }
+    fn set_ready(&mut self, slot: u32, ready: usize) -> Result<()> {
+        on_path!(self, c => c.set_ready(slot, ready))
+    }
+    #[inline]
+    fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+        on_path!(self, c => c.irecv(bufs))
+    }
+    fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+        on_path!(self, c => c.iflush(bufs))
+    }
+    #[inline(always)]
+    fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
+        on_path!(self, c => c.test(slot, sizes))
+    }
+    fn capacity(&self) -> usize {
+        on_path!(self, c => c.capacity())
+    }
+    fn net_events(&self, size: usize, out: &mut Vec<NetEvent>) {
+        on_path!(self, c => c.net_events(size, out))
+    }
+    #[inline]
+    fn has_deferred(&self) -> bool {
+        on_path!(self, c => c.has_deferred())
+    }
+    fn progress_deferred(&mut self) -> Result<()> {
+        on_path!(self, c => c.progress_deferred())
     }
 }

@@ -21,7 +21,7 @@ mod remains;
 pub use copy::{Copier, CudaCopier, HostCopier, HostMem, NoRegistration, Registrar};
 use copy::{Bounce, Pool};
 use crate::error::{Error, Result};
-use crate::transport::{gpu_of, path_of, Conn, Lent, MrInfo, Path, RecvBuf, MAX_RECVS};
+use crate::transport::{gpu_of, path_of, Conn, DataPath, Lent, MrInfo, Path, RecvBuf, MAX_RECVS};
 use crate::gpu::cuda;
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
@@ -113,7 +113,7 @@ enum Managed {
 
 /// Every comm's data path: staging where registrations ask for it, pass-through elsewhere.
 pub struct Staged {
-    inner: ManuallyDrop<Box<dyn Conn>>,
+    inner: ManuallyDrop<DataPath>,
     icap: usize,
     send: bool,
     label: String,
@@ -134,6 +134,9 @@ pub struct Staged {
     recv_path: Vec<[Path; MAX_RECVS]>,
     stats: Stats,
     stats_on: bool,
+    /// Nothing to stage or count: no copier (so no staged request, and no send queued behind
+    /// one) and no RIVET_STATS. Every call of such a comm goes straight to the transport.
+    direct: bool,
 }
 
 // SAFETY: the raw pointers inside (bounce buffers, NCCL's buffers) are only used under the
@@ -141,7 +144,7 @@ pub struct Staged {
 unsafe impl Send for Staged {}
 
 impl Staged {
-    pub fn new(inner: Box<dyn Conn>, send: bool, label: String, registrar: Box<dyn Registrar>) -> Staged {
+    pub fn new(inner: DataPath, send: bool, label: String, registrar: Box<dyn Registrar>) -> Staged {
         remains::reap();
         let icap = inner.capacity();
         Staged {
@@ -162,6 +165,7 @@ impl Staged {
             recv_path: vec![[Path::Host; MAX_RECVS]; if send { 0 } else { icap }],
             stats: Stats::default(),
             stats_on: crate::config::get().stats,
+            direct: !crate::config::get().stats,
         }
     }
 
@@ -184,6 +188,7 @@ impl Staged {
                 other.map_or("host memory (RIVET_STAGE_HOST=1)".to_string(), |o| format!("CUDA device {o}"))
             ))),
             None => {
+                self.direct = false;
                 self.copier = Some(match gpu {
                     Some(o) => Box::new(CudaCopier::new(o, cuda::bus_id(o)?)?),
                     None => Box::new(HostCopier::new()),
@@ -296,6 +301,7 @@ impl Staged {
 
     /// Staged sends not yet wholly handed to the transport, or handed over with posts that
     /// wait for room in its send queues: they need calls on this comm to move.
+    #[inline]
     pub fn has_pending_sends(&self) -> bool {
         !self.queue.is_empty() || !self.partial.is_empty() || self.inner.has_deferred()
     }
@@ -322,6 +328,9 @@ impl Conn for Staged {
     #[inline]
     fn isend(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
         let path = path_of(mr);
+        if self.direct && path != Path::Staged {
+            return self.inner.isend(data, tag, mr);
+        }
         let size = data.len();
         if path != Path::Staged && self.queue.is_empty() {
             // Nothing staged ahead of it: straight through, the rest out of line.
@@ -363,8 +372,27 @@ impl Conn for Staged {
         self.inner.iflush(&rest[..n])
     }
 
-    #[inline]
+    #[inline(always)]
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
+        if self.direct {
+            return self.inner.test(slot, sizes);
+        }
+        self.test_staging(slot, sizes)
+    }
+
+    fn capacity(&self) -> usize {
+        self.icap + MANAGED
+    }
+
+    fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
+        self.inner.net_events(size, out)
+    }
+}
+
+impl Staged {
+    /// `test` of a comm that stages or counts.
+    #[inline(never)]
+    fn test_staging(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
         if !self.queue.is_empty() || !self.partial.is_empty() {
             self.progress_sends()?;
         }
@@ -382,14 +410,6 @@ impl Conn for Staged {
             self.count_received(slot, n, sizes);
         }
         Ok(r)
-    }
-
-    fn capacity(&self) -> usize {
-        self.icap + MANAGED
-    }
-
-    fn net_events(&self, size: usize, out: &mut Vec<crate::transport::NetEvent>) {
-        self.inner.net_events(size, out)
     }
 }
 

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::gpu::staging::{NoRegistration, Registrar};
 use crate::gpu::{cuda, gdr};
 use crate::proto::{Handle, TRANSPORT_SOCKET};
-use crate::transport::{pci_text, Conn, DevInfo, Dialing, GpuRoute, Listening, MrInfo, PtrSupport, Registered, Transport};
+use crate::transport::{pci_text, DataPath, DevInfo, Dialing, GpuRoute, Listening, MrInfo, PtrSupport, Registered, Transport};
 use std::ffi::CString;
 
 pub struct TcpDevice {
@@ -36,24 +36,24 @@ impl TcpDevice {
     }
 }
 
-fn send_conn(link: Link) -> Box<dyn Conn> {
+fn send_conn(link: Link) -> DataPath {
     log::info!(target: crate::log::INIT, "NET/rivet: connected to {} over TCP with {} stream(s)", link.peer, link.fds.len());
-    Box::new(SendConn::new(link.fds, link.peer, link.min_chunk))
+    DataPath::Other(Box::new(SendConn::new(link.fds, link.peer, link.min_chunk)))
 }
 
-fn recv_conn(link: Link) -> Box<dyn Conn> {
+fn recv_conn(link: Link) -> DataPath {
     log::info!(target: crate::log::INIT, "NET/rivet: accepted a TCP connection from {} with {} stream(s)", link.peer, link.fds.len());
-    Box::new(RecvConn::new(link.fds, link.peer, link.min_chunk))
+    DataPath::Other(Box::new(RecvConn::new(link.fds, link.peer, link.min_chunk)))
 }
 
 impl Listening for Listener {
-    fn accept(&mut self) -> Result<Option<Box<dyn Conn>>> {
+    fn accept(&mut self) -> Result<Option<DataPath>> {
         Ok(Listener::accept(self)?.map(recv_conn))
     }
 }
 
 impl Dialing for Connector {
-    fn poll(&mut self) -> Result<Option<Box<dyn Conn>>> {
+    fn poll(&mut self) -> Result<Option<DataPath>> {
         Ok(Connector::poll(self)?.map(send_conn))
     }
 }

@@ -14,7 +14,7 @@ use crate::proto::{Handle, TRANSPORT_VERBS};
 use crate::topo::Topology;
 use crate::transport::oob::ifaces::Iface;
 use crate::transport::oob::{Connector, Listener};
-use crate::transport::{pci_text, Conn, DevInfo, Dialing, GpuRoute, Listening, Path, PtrSupport, Registered, Registration, Transport};
+use crate::transport::{pci_text, DataPath, DevInfo, Dialing, GpuRoute, Listening, Path, PtrSupport, Registered, Registration, Transport};
 use std::ffi::CString;
 
 pub struct VerbsDevice {
@@ -117,7 +117,7 @@ struct VerbsListen {
 }
 
 impl Listening for VerbsListen {
-    fn accept(&mut self) -> Result<Option<Box<dyn Conn>>> {
+    fn accept(&mut self) -> Result<Option<DataPath>> {
         while let Some(link) = self.listener.accept()? {
             self.setups.push(Setup::acceptor(self.ports, &self.name, link));
         }
@@ -145,7 +145,7 @@ enum VerbsDial {
 }
 
 impl Dialing for VerbsDial {
-    fn poll(&mut self) -> Result<Option<Box<dyn Conn>>> {
+    fn poll(&mut self) -> Result<Option<DataPath>> {
         loop {
             match self {
                 VerbsDial::Tcp { c, ports, name, rem_members, tc } => match c.poll()? {

@@ -29,7 +29,7 @@ use fuse::MAX_MEMBERS;
 use crate::sys::ib::*;
 use crate::transport::oob::sock::{self, Io};
 use crate::transport::oob::Link;
-use crate::transport::Conn;
+use crate::transport::DataPath;
 use conn::Common;
 pub use device::VerbsDevice;
 use recv::VerbsRecv;
@@ -544,7 +544,7 @@ impl Setup {
     }
 
     /// Non-blocking: Some(comm) once the connection is ready for data.
-    pub fn poll(&mut self) -> Result<Option<Box<dyn Conn>>> {
+    pub fn poll(&mut self) -> Result<Option<DataPath>> {
         loop {
             match self.step {
                 Step::RecvMeta => {
@@ -614,7 +614,7 @@ impl Setup {
         }
     }
 
-    fn finish(&mut self) -> Box<dyn Conn> {
+    fn finish(&mut self) -> DataPath {
         let p = self.ports[0];
         let m = self.peer_meta.take().unwrap();
         let qps = self.connected.take().unwrap();
@@ -654,10 +654,10 @@ impl Setup {
             Local::Send { cqs, mem, parts, .. } => {
                 let rkeys = std::array::from_fn(|i| if i < rn { m.member(i).ring_rkey } else { 0 });
                 let ring = Ring { addr: m.ring_addr, rkeys, slots: m.ring_slots as usize, eager_max: m.eager_max as usize };
-                Box::new(VerbsSend::new(c, qps, cqs, mem, parts, (m.fifo_addr, fifo_keys), ring, rn, self.parts))
+                DataPath::VerbsSend(Box::new(VerbsSend::new(c, qps, cqs, mem, parts, (m.fifo_addr, fifo_keys), ring, rn, self.parts)))
             }
             Local::Recv { cqs, mem, parts, .. } => {
-                Box::new(VerbsRecv::new(c, qps, cqs, mem, parts, cfg.ib_eager_max, (m.fifo_addr, fifo_keys), rn, self.parts))
+                DataPath::VerbsRecv(Box::new(VerbsRecv::new(c, qps, cqs, mem, parts, cfg.ib_eager_max, (m.fifo_addr, fifo_keys), rn, self.parts)))
             }
         }
     }

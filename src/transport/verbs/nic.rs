@@ -189,7 +189,7 @@ impl Nic for Verbs {
         unsafe { verbs::post_recv(qp.qp().raw(), wr, &mut bad) }
     }
 
-    #[inline]
+    #[inline(always)]
     fn poll(cq: &Cq, wc: &mut [ibv_wc]) -> Result<usize> {
         cq.poll(wc)
     }

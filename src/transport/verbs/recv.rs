@@ -614,6 +614,7 @@ impl<N: Nic> Conn for VerbsRecv<N> {
         Ok(Some(req as u32))
     }
 
+    #[inline(always)]
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
         // The straight path of most calls: a calm comm (nothing copying, nothing due at an idle
         // moment: see `idle`) whose request still waits polls once, and when that finds nothing,

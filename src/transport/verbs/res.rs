@@ -49,7 +49,7 @@ impl Cq {
     }
 
     /// Poll up to `wc.len()` completions.
-    #[inline]
+    #[inline(always)]
     pub fn poll(&self, wc: &mut [ibv_wc]) -> Result<usize> {
         // SAFETY: self.raw is the CQ ibv_create_cq returned in Cq::new (the field is private, so
         // that is the only source) and it is destroyed only in Drop, so it is live while &self is.

@@ -579,6 +579,7 @@ impl<N: Nic> Conn for VerbsSend<N> {
         super::conn::plan_events::<N>(size, size <= self.eng.eager_max(), self.eng.parts(), &self.qps, self.c.qs.map(), self.c.ports.len(), ar_split, out);
     }
 
+    #[inline]
     fn has_deferred(&self) -> bool {
         self.ndeferred > 0
     }
