@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """rivet over RDMA verbs against perftest on the same Soft-RoCE link, in one VM run.
 
-    python3 ci/bench_verbs.py [--rounds 5] [--mtu 9000] [--baseline OLD.so] [--only 64K|1M|16M|lat] [--hog [NICE]]
+    python3 ci/bench_verbs.py [--rounds 5] [--mtu 9000] [--baseline OLD.so | --peer [DIR]] [--only 64K|1M|16M|lat] [--hog [NICE]]
 
 Builds the release plugin and CLI, boots the Soft-RoCE VM (ci/vm/run-vm.sh) with the veth MTU
 given (9000: rxe active_mtu 4096) and runs ROUNDS rounds of: ib_write_bw at 64 KiB, 1 MiB and
@@ -20,9 +20,14 @@ steadier number.
 `--baseline` names an earlier build of the plugin (for example one built from an older commit
 with `git worktree`): each rivet measurement is then repeated through it, interleaved in the same
 rounds, and the table gets its column and the ratio now / before.
+`--peer [DIR]` does the same with NCCL's IB transport built as a plugin (DIR's
+libnccl-net-rdma-sharp.so, as ci/bench_comms.py finds it: default $PEERS_DIR/out, else
+/tmp/rivet-peers/out; ../shared/peers/build.sh builds it), run with the settings of
+../shared/peers/README.md: the column is NCCL's IB transport's and the ratio rivet / it.
 """
 import argparse, os, re, shutil, statistics, subprocess, sys
 from benchlib import make_share
+from bench_comms import copy_peers, peer_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,6 +37,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--baseline", help="an earlier libnccl-net-rivet.so to measure in the same rounds")
+    ap.add_argument("--peer", nargs="?", const="", metavar="DIR",
+                    help="measure NCCL's IB transport (DIR/libnccl-net-rdma-sharp.so) in the same rounds instead")
     ap.add_argument("--only", choices=["64K", "1M", "16M", "lat"], help="measure only this streaming size (no latency), or only the latency")
     ap.add_argument("--hog", nargs="?", type=int, const=19, metavar="NICE",
                     help="one busy loop per guest vCPU for the whole run, at this niceness (default 19)")
@@ -39,9 +46,19 @@ def main():
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
     share = make_share("bench", "bench.sh")
     args = ["/mnt/host/bench.sh", str(a.rounds)]
+    if a.baseline and a.peer is not None:
+        sys.exit("--baseline and --peer each name the second library: give one")
     if a.baseline:
         shutil.copy(a.baseline, os.path.join(share, "baseline.so"))
-    args.append("/mnt/host/baseline.so" if a.baseline else "-")
+        args.append("/mnt/host/baseline.so")
+    elif a.peer is not None:
+        peers = peer_dir(a.peer or None)
+        if not peers or not os.path.exists(os.path.join(peers, "libnccl-net-rdma-sharp.so")):
+            sys.exit("--peer: no libnccl-net-rdma-sharp.so (build it with ../shared/peers/build.sh, or name its directory)")
+        copy_peers(peers, os.path.join(share, "peers"))
+        args.append("/mnt/host/peers/libnccl-net-rdma-sharp.so")
+    else:
+        args.append("-")
     args.append({"64K": "65536:1500:96M", "1M": "1048576:120:120M", "16M": "16777216:6:128M", "lat": "lat"}[a.only] if a.only else "-")
     if a.hog is not None:
         args.append(f"hog:{a.hog}")
@@ -93,8 +110,10 @@ def main():
     print(f"# Soft-RoCE rxe0 -> rxe1, veth MTU {a.mtu} ({info.split('active_mtu=')[-1].split()[0] if info else '?'} active), "
           f"median of {a.rounds} rounds (all rounds: target/vm/bench.log)"
           + (f", one busy loop per vCPU at nice {a.hog} throughout" if a.hog is not None else ""))
-    base = bool(a.baseline)
-    extra = " before MiB/s | now / before |" if base else ""
+    base = bool(a.baseline) or a.peer is not None
+    # The second library's name in the tables, and the ratio's.
+    bn, br = ("NCCL IB", "rivet / NCCL IB") if a.peer is not None else ("before", "now / before")
+    extra = f" {bn} MiB/s | {br} |" if base else ""
     print(f"| {'size':>8} | {'ib_write_bw MiB/s':>17} | {'rivet MiB/s':>11} | {'ratio':>5} |{extra}")
     print("|---:|---:|---:|---:|" + ("---:|---:|" if base else ""))
     for size in sorted(pt_bw):
@@ -107,7 +126,7 @@ def main():
         print(row)
     if pt and rv:
         # Each statistic is taken per round (1000 pings), then its median over the rounds.
-        print(f"\n| 8 B one-way latency | ib_write_lat us | rivet us | ratio |" + (" before us | now / before |" if base else ""))
+        print(f"\n| 8 B one-way latency | ib_write_lat us | rivet us | ratio |" + (f" {bn} us | {br} |" if base else ""))
         print("|---|---:|---:|---:|" + ("---:|---:|" if base else ""))
         names = [("p50 (typical)", "p50"), ("p90", "p90"), ("p99", "p99"), ("max", "max"), ("average", "avg")]
         for name, k in names:
@@ -125,7 +144,7 @@ def main():
         # Round by round: each rivet p50 against the perftest p50s of its own round.
         for ref, ref_name in [("PERFTEST", "ib_write_lat"), ("SEND", "ib_send_lat")]:
             pts = p50_at[ref]
-            for name, runs in [("rivet", p50_at["RIVET"]), ("before", p50_at["BASE"])] if base else [("rivet", p50_at["RIVET"])]:
+            for name, runs in [("rivet", p50_at["RIVET"]), (bn, p50_at["BASE"])] if base else [("rivet", p50_at["RIVET"])]:
                 ratios = [runs[k] / pts[k] for k in sorted(runs) if pts.get(k, 0) > 0]
                 if ratios:
                     each = " ".join(f"{x:.2f}" for x in ratios)

@@ -428,19 +428,18 @@ pub unsafe fn test(req: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<
         }
         Ok(Some(n)) => {
             c.profile_stop(t.req);
-            let out = c.sizes;
-            drop(c);
-            progress_pending(t);
             // SAFETY: the caller's promise for `done`, and for `sizes` (non-NULL: at least the
-            // request's `n` ints, n <= MAX_RECVS).
+            // request's `n` ints, n <= MAX_RECVS), memory of NCCL's that no comm lock guards.
             unsafe {
-                *done = 1;
                 if !sizes.is_null() {
-                    for (i, s) in out.iter().enumerate().take(n) {
+                    for (i, s) in c.sizes.iter().enumerate().take(n) {
                         *sizes.add(i) = (*s).min(i32::MAX as usize) as i32;
                     }
                 }
+                *done = 1;
             }
+            drop(c);
+            progress_pending(t);
         }
         Err(e) => {
             let dev = c.dev;

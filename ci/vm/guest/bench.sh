@@ -4,7 +4,9 @@
 # ib_write_bw and rivet's streaming bandwidth at 64 KiB, 1 MiB and 16 MiB, then ib_write_lat and
 # rivet's 8-byte ping-pong. Output: PERFTEST ... lines (as /guest/perftest.sh prints them) and
 # RIVET-prefixed `rivet perf` output. With a second library (an earlier build, for a before/after
-# comparison), each rivet measurement is followed by the same one through it, prefixed BASE.
+# comparison), each rivet measurement is followed by the same one through it, prefixed BASE; a
+# library under /mnt/host/peers/ (NCCL's IB transport as a plugin) runs with the settings of
+# ../shared/peers/README.md for Soft-RoCE.
 # Usage: bench.sh ROUNDS [BASE_LIB|-] [SIZE:ITERS:BYTES|lat|-] [hog|hog:NICE]
 #   SIZE:ITERS:BYTES: one streaming size only, no latency; lat: the latency only; hog: one busy loop per vCPU at nice 19
 #   (hog:NICE at that niceness)
@@ -31,6 +33,13 @@ if [ -n "$NICE" ]; then
   start_hogs "$NICE"
   echo "PERFTEST info cpu_hog=$(nproc) nice=$NICE"
 fi
+base() {
+  case $BASE in
+    /mnt/host/peers/*) env LD_LIBRARY_PATH=/mnt/host/peers/lib NCCL_IB_GID_INDEX=$G0 NCCL_SOCKET_IFNAME=veth0 \
+                         ./rivet perf --lib "$BASE" --dev 0,1 "$@" 2>&1 | sed 's/^/BASE /' ;;
+    *) ./rivet perf --lib "$BASE" --dev 0,1 "$@" 2>&1 | sed 's/^/BASE /' ;;
+  esac
+}
 rivet() {
   # The two builds take turns going first (odd rounds: this build first), so that neither gains
   # from its place in the pair.
@@ -38,9 +47,9 @@ rivet() {
     ./rivet perf --lib $LIB --dev 0,1 "$@" 2>&1 | sed 's/^/RIVET /'
   elif [ $((r % 2)) = 1 ]; then
     ./rivet perf --lib $LIB --dev 0,1 "$@" 2>&1 | sed 's/^/RIVET /'
-    ./rivet perf --lib "$BASE" --dev 0,1 "$@" 2>&1 | sed 's/^/BASE /'
+    base "$@"
   else
-    ./rivet perf --lib "$BASE" --dev 0,1 "$@" 2>&1 | sed 's/^/BASE /'
+    base "$@"
     ./rivet perf --lib $LIB --dev 0,1 "$@" 2>&1 | sed 's/^/RIVET /'
   fi
 }

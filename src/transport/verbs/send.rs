@@ -516,10 +516,13 @@ impl<N: Nic> Conn for VerbsSend<N> {
             }
             Ok(SendPlan::Eager { req, ring_slot, hdr }) => {
                 let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
-                self.local[req as usize] = (data.addr() as u64, lkeys, path_of(mr) == Path::Gdr);
-                if self.post_eager(ring_slot, req as usize, hdr, (data.addr() as u64, lkeys), wr_id, path_of(mr) == Path::Gdr)? {
+                let on_gpu = path_of(mr) == Path::Gdr;
+                if self.post_eager(ring_slot, req as usize, hdr, (data.addr() as u64, lkeys), wr_id, on_gpu)? {
                     // An inline send is complete once posted: its bytes are in the work request.
                     self.eng.on_completion(req, 0);
+                } else {
+                    // Lent until its completion: a failover before then writes it again from here.
+                    self.local[req as usize] = (data.addr() as u64, lkeys, on_gpu);
                 }
                 Ok(Some(req as u32))
             }
