@@ -11,7 +11,7 @@ use crate::transport::{self, oob, Dialing, Listening};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use crate::sys::clock::coarse_ms;
 
 
 pub struct ListenComm {
@@ -66,14 +66,16 @@ unsafe fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE
 /// called connect for it, and whom it connects to.
 struct Connecting {
     cookie: u64,
-    last: Instant,
+    /// On the coarse clock (ms): a connect's every call reads it, and the precise clock is a
+    /// system call on some hosts (a VM's clocksource), a cost every pending connect paid per poll.
+    last: u64,
     peer: std::net::SocketAddr,
 }
 
 /// The connectors in progress, and when they were last looked at for reaping.
 struct Connectors {
     by_stage: Option<HashMap<usize, Connecting>>,
-    reaped_at: Option<Instant>,
+    reaped_at: Option<u64>,
 }
 
 /// Every connect call holds this lock for its whole run, so reaping never frees a stage another
@@ -92,15 +94,15 @@ fn connecting() -> MutexGuard<'static, Connectors> {
 
 /// Free the connectors NCCL has not called for RIVET_TIMEOUT (all but `keep`, the one being
 /// called now), with a WARN each; unless `always`, only if the last look was REAP_EVERY ago.
-fn reap_connectors(g: &mut Connectors, keep: Option<(usize, u64)>, now: Instant, always: bool) {
-    if !always && g.reaped_at.is_some_and(|t| now.saturating_duration_since(t) < REAP_EVERY) {
+fn reap_connectors(g: &mut Connectors, keep: Option<(usize, u64)>, now: u64, always: bool) {
+    if !always && g.reaped_at.is_some_and(|t| now.saturating_sub(t) < REAP_EVERY.as_millis() as u64) {
         return;
     }
     g.reaped_at = Some(now);
-    let t = config::get().timeout();
+    let t = config::get().timeout().as_millis() as u64;
     let Some(m) = g.by_stage.as_mut() else { return };
     let stale: Vec<usize> =
-        m.iter().filter(|(s, c)| Some((**s, c.cookie)) != keep && now.saturating_duration_since(c.last) > t).map(|(s, _)| *s).collect();
+        m.iter().filter(|(s, c)| Some((**s, c.cookie)) != keep && now.saturating_sub(c.last) > t).map(|(s, _)| *s).collect();
     for stage in stale {
         let Some(c) = m.remove(&stage) else { continue };
         if stage_unregister(stage, c.cookie) {
@@ -111,8 +113,8 @@ fn reap_connectors(g: &mut Connectors, keep: Option<(usize, u64)>, now: Instant,
         log::warn!(
             "NET/rivet: connect to {}: abandoned: NCCL has not called connect for it for {:.0} s (more than RIVET_TIMEOUT={}s); its sockets are closed and a later call with its handle fails",
             c.peer,
-            now.saturating_duration_since(c.last).as_secs_f64(),
-            t.as_secs()
+            now.saturating_sub(c.last) as f64 / 1000.0,
+            t / 1000
         );
         let mut r = REAPED.lock().unwrap_or_else(|p| p.into_inner());
         if r.len() >= 1024 {
@@ -125,7 +127,7 @@ fn reap_connectors(g: &mut Connectors, keep: Option<(usize, u64)>, now: Instant,
 /// # Safety
 /// `handle` is NULL or points to NCCL's 128-byte handle buffer.
 pub unsafe fn listen(dev: i32, handle: *mut c_void) -> Result<*mut c_void> {
-    reap_connectors(&mut connecting(), None, Instant::now(), true);
+    reap_connectors(&mut connecting(), None, coarse_ms(), true);
     let d = device(dev)?;
     // SAFETY: the caller's promise.
     let buf = unsafe { handle_buf(handle)? };
@@ -148,8 +150,8 @@ pub unsafe fn connect(dev: i32, handle: *mut c_void, traffic_class: Option<u8>) 
     let h = Handle::decode(buf).map_err(|e| Error::usage(format!("connect: {e}")))?;
     let (sp, cookie) = proto::stage_get(buf);
     let mut g = connecting();
-    // One look at the clock per call (it can be a system call).
-    let now = Instant::now();
+    // One look at the coarse clock per call (never a system call).
+    let now = coarse_ms();
     reap_connectors(&mut g, Some((sp as usize, cookie)), now, false);
     let conn_ptr = if sp != 0 {
         if !stage_live(sp as usize, cookie) {
@@ -246,7 +248,7 @@ pub fn accept(lc: *mut c_void) -> Result<*mut c_void> {
     {
         let mut g = connecting();
         if g.by_stage.as_ref().is_some_and(|m| !m.is_empty()) {
-            reap_connectors(&mut g, None, Instant::now(), false);
+            reap_connectors(&mut g, None, coarse_ms(), false);
         }
     }
     let t = Token::from_ptr(lc).filter(|t| t.kind == Kind::Listen).ok_or_else(|| Error::internal(format!("unknown listen comm {lc:p}")))?;
