@@ -148,10 +148,11 @@ pub struct MrInfo {
     /// The registered range (page aligned for verbs, exact for TCP).
     pub addr: usize,
     pub len: usize,
-    pub lkey: u32,
-    pub rkey: u32,
-    /// On a fused device, the keys (lkey, rkey) on members 1.. (`lkey`/`rkey` are member 0's).
-    pub more_keys: [(u32, u32); verbs::fuse::MAX_MEMBERS - 1],
+    /// The local and remote key on each member (one for a physical device; 0 past the
+    /// registration's members), kept as the data path reads them: a send's source takes its
+    /// lkeys, a receive's CTS entry its rkeys, as they are.
+    pub lkeys: [u32; verbs::fuse::MAX_MEMBERS],
+    pub rkeys: [u32; verbs::fuse::MAX_MEMBERS],
     /// Members the keys cover (0 and 1 both mean a physical device's one).
     pub members: u8,
     /// IBV_ACCESS_* flags the registration has (0 for TCP).
@@ -179,28 +180,12 @@ pub enum Path {
 impl MrInfo {
     /// The keys (lkey, rkey) on member `m` of the device the registration was made on.
     pub fn keys(&self, m: usize) -> (u32, u32) {
-        if m == 0 {
-            (self.lkey, self.rkey)
-        } else {
-            self.more_keys.get(m - 1).copied().unwrap_or((0, 0))
-        }
+        (self.lkeys.get(m).copied().unwrap_or(0), self.rkeys.get(m).copied().unwrap_or(0))
     }
-    /// One key of each member's pair, on every member (0 past the registration's members).
-    fn each_member(&self, pick: impl Fn((u32, u32)) -> u32) -> [u32; verbs::fuse::MAX_MEMBERS] {
-        let mut k = [0; verbs::fuse::MAX_MEMBERS];
-        k[0] = pick((self.lkey, self.rkey));
-        for (o, &m) in k[1..].iter_mut().zip(&self.more_keys) {
-            *o = pick(m);
-        }
-        k
-    }
-    /// The local keys on every member.
-    pub fn lkeys(&self) -> [u32; verbs::fuse::MAX_MEMBERS] {
-        self.each_member(|k| k.0)
-    }
-    /// The remote keys on every member.
-    pub fn rkeys(&self) -> [u32; verbs::fuse::MAX_MEMBERS] {
-        self.each_member(|k| k.1)
+    /// Member `m`'s keys set (a fused registration's, member by member).
+    pub fn set_keys(&mut self, m: usize, (lkey, rkey): (u32, u32)) {
+        self.lkeys[m] = lkey;
+        self.rkeys[m] = rkey;
     }
     pub fn lkey_on(&self, m: usize) -> u32 {
         self.keys(m).0

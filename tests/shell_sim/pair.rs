@@ -188,14 +188,11 @@ pub(crate) fn pattern(id: usize, len: usize) -> impl Iterator<Item = u8> {
 
 /// The registration of `v` (GPU memory where `path` is GPUDirect).
 pub(crate) fn mr_of(v: &[u8], keys: Keys, ports: &'static [&'static SimPort], path: Path) -> MrInfo {
-    let mut more = [(0, 0); MAX_MEMBERS - 1];
-    more.copy_from_slice(&keys[1..]);
     MrInfo {
         addr: v.as_ptr() as usize,
         len: v.len(),
-        lkey: keys[0].0,
-        rkey: keys[0].1,
-        more_keys: more,
+        lkeys: keys.map(|k| k.0),
+        rkeys: keys.map(|k| k.1),
         members: ports.len() as u8,
         access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
         dev: members_id(ports),

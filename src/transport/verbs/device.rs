@@ -314,7 +314,7 @@ impl Transport for VerbsDevice {
                     if k == 0 {
                         info = i;
                     } else {
-                        info.more_keys[k - 1] = (i.lkey, i.rkey);
+                        info.set_keys(k, i.keys(0));
                     }
                 }
                 info.members = self.ports.len() as u8;

@@ -418,7 +418,7 @@ impl<N: Nic> VerbsRecv<N> {
         let ln = self.c.ports.len();
         for ((s, k), b) in specs.iter_mut().zip(keys.iter_mut()).zip(&bufs[..n]) {
             let (addr, size) = (b.buf.addr(), b.buf.len());
-            let rkeys = if size > 0 { mr_for(b.mr.as_ref(), addr, size, dev, ln, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkeys() } else { [0; MAX_MEMBERS] };
+            let rkeys = if size > 0 { mr_for(b.mr.as_ref(), addr, size, dev, ln, IBV_ACCESS_REMOTE_WRITE, "irecv")?.rkeys } else { [0; MAX_MEMBERS] };
             *k = CtsKeys(rkeys);
             *s = RecvSpec { addr: addr as u64, size: size as u64, rkey: rkeys[0], tag: b.tag, gpu: path_of(b.mr.as_ref()) == Path::Gdr };
         }

@@ -25,7 +25,9 @@ pub fn access_for(send: bool) -> u32 {
 pub unsafe fn mr_info_of(m: *mut crate::sys::ib::ibv_mr, access: u32, dev: &IbDevice, path: Path) -> MrInfo {
     // SAFETY: the caller's promise.
     let m = unsafe { &*m };
-    MrInfo { addr: m.addr as usize, len: m.length, lkey: m.lkey, rkey: m.rkey, access, dev: dev as *const _ as usize, path, ..Default::default() }
+    let mut info = MrInfo { addr: m.addr as usize, len: m.length, access, dev: dev as *const _ as usize, path, ..Default::default() };
+    info.set_keys(0, (m.lkey, m.rkey));
+    info
 }
 
 /// Register `[addr, addr+size)` on an RDMA port through its device's MR cache; returns the
@@ -42,8 +44,8 @@ pub fn verbs_register(port: &'static IbPort, addr: usize, size: usize, access: u
         dev.name,
         info.addr,
         info.len,
-        info.lkey,
-        info.rkey,
+        info.lkeys[0],
+        info.rkeys[0],
         lease.refs,
         if lease.fresh { " (registered)" } else { " (cached)" }
     );
@@ -79,7 +81,7 @@ pub fn members_register(ports: &'static [&'static IbPort], addr: usize, size: us
                 if m == 0 {
                     info = i;
                 } else {
-                    info.more_keys[m - 1] = (i.lkey, i.rkey);
+                    info.set_keys(m, i.keys(0));
                     // The range every member covers (the caches round to pages alike, but say so).
                     let end = (info.addr + info.len).min(i.addr + i.len);
                     info.addr = info.addr.max(i.addr);

@@ -491,7 +491,7 @@ impl<N: Nic> Conn for VerbsSend<N> {
     fn isend_partial(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>, ready: usize) -> Result<Option<u32>> {
         self.c.check()?;
         let size = data.len();
-        let lkeys = if size > 0 { mr_for(mr, data.addr(), size, members_id(self.c.ports), self.c.ports.len(), 0, "isend")?.lkeys() } else { [0; MAX_MEMBERS] };
+        let lkeys = if size > 0 { mr_for(mr, data.addr(), size, members_id(self.c.ports), self.c.ports.len(), 0, "isend")?.lkeys } else { [0; MAX_MEMBERS] };
         if !self.can_post()? {
             // The send queues are full of work requests not yet known complete: not yet.
             self.c.waits += 1;
