@@ -33,12 +33,13 @@ if [ -n "$NICE" ]; then
   start_hogs "$NICE"
   echo "PERFTEST info cpu_hog=$(nproc) nice=$NICE"
 fi
+case $BASE in
+  /mnt/host/peers/*) BASE_ENV="LD_LIBRARY_PATH=/mnt/host/peers/lib NCCL_IB_GID_INDEX=$G0 NCCL_SOCKET_IFNAME=veth0" ;;
+  *) BASE_ENV= ;;
+esac
 base() {
-  case $BASE in
-    /mnt/host/peers/*) env LD_LIBRARY_PATH=/mnt/host/peers/lib NCCL_IB_GID_INDEX=$G0 NCCL_SOCKET_IFNAME=veth0 \
-                         ./rivet perf --lib "$BASE" --dev 0,1 "$@" 2>&1 | sed 's/^/BASE /' ;;
-    *) ./rivet perf --lib "$BASE" --dev 0,1 "$@" 2>&1 | sed 's/^/BASE /' ;;
-  esac
+  # shellcheck disable=SC2086 # BASE_ENV is a list of NAME=VALUE words
+  env $BASE_ENV ./rivet perf --lib "$BASE" --dev 0,1 "$@" 2>&1 | sed 's/^/BASE /'
 }
 rivet() {
   # The two builds take turns going first (odd rounds: this build first), so that neither gains

@@ -134,9 +134,6 @@ pub struct Staged {
     recv_path: Vec<[Path; MAX_RECVS]>,
     stats: Stats,
     stats_on: bool,
-    /// Nothing to stage or count: no copier (so no staged request, and no send queued behind
-    /// one) and no RIVET_STATS. Every call of such a comm goes straight to the transport.
-    direct: bool,
 }
 
 // SAFETY: the raw pointers inside (bounce buffers, NCCL's buffers) are only used under the
@@ -165,7 +162,6 @@ impl Staged {
             recv_path: vec![[Path::Host; MAX_RECVS]; if send { 0 } else { icap }],
             stats: Stats::default(),
             stats_on: crate::config::get().stats,
-            direct: !crate::config::get().stats,
         }
     }
 
@@ -188,7 +184,6 @@ impl Staged {
                 other.map_or("host memory (RIVET_STAGE_HOST=1)".to_string(), |o| format!("CUDA device {o}"))
             ))),
             None => {
-                self.direct = false;
                 self.copier = Some(match gpu {
                     Some(o) => Box::new(CudaCopier::new(o, cuda::bus_id(o)?)?),
                     None => Box::new(HostCopier::new()),
@@ -317,6 +312,13 @@ impl Staged {
         Ok(())
     }
 
+    /// Nothing to stage or count: no copier (so no staged request, and no send queued behind
+    /// one) and no RIVET_STATS. A `test` of such a comm goes straight to the transport.
+    #[inline(always)]
+    fn direct(&self) -> bool {
+        self.copier.is_none() && !self.stats_on
+    }
+
     fn managed_id(&self, m: u32) -> u32 {
         self.icap as u32 + m
     }
@@ -328,9 +330,6 @@ impl Conn for Staged {
     #[inline]
     fn isend(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
         let path = path_of(mr);
-        if self.direct && path != Path::Staged {
-            return self.inner.isend(data, tag, mr);
-        }
         let size = data.len();
         if path != Path::Staged && self.queue.is_empty() {
             // Nothing staged ahead of it: straight through, the rest out of line.
@@ -374,7 +373,7 @@ impl Conn for Staged {
 
     #[inline(always)]
     fn test(&mut self, slot: u32, sizes: &mut [usize; MAX_RECVS]) -> Result<Option<usize>> {
-        if self.direct {
+        if self.direct() {
             return self.inner.test(slot, sizes);
         }
         self.test_staging(slot, sizes)
