@@ -108,9 +108,13 @@ def main():
     log = out.stdout + out.stderr
     with open(os.path.join(ROOT, "target", "vm", "instr.log"), "w") as f:
         f.write(log)
+    events = {}
     for line in log.splitlines():
-        if line.startswith(("OK ", "FAIL ")):
+        if line.startswith(("OK ", "FAIL ", "PROFILER ")):
             print("#", line)
+        m = re.match(r"PROFILER # profiler events, rank (\d+): (\d+) started, (\d+) stopped", line)
+        if m:
+            events[int(m[1])] = (int(m[2]), int(m[3]))
     if out.returncode not in (0, 1):
         sys.exit(f"the VM run failed (exit {out.returncode}): see target/vm/instr.log")
     cg = os.path.join(share, "cg")
@@ -119,7 +123,7 @@ def main():
     print("# test: finds msg / finds nothing solve count(r) = finds * waits(r) + nothing * (tests(r) - waits(r)) over the two ranks,")
     print("# whose tests per wait differ (the same code on both); isend+finds: the work on a message's way (sender, then receiver)")
     print(f"{'plugin':<8} {'isend':>7} {'irecv':>7} {'test: finds msg':>15} {'finds nothing':>13} {'test (send)':>11} {'isend+finds':>11}   tests/wait (r0, r1)")
-    layers, rows = {}, {}
+    layers, rows, hooks = {}, {}, {}
     for f in sorted(os.listdir(cg)):
         plugin = f.split(".")[0]
         path = os.path.join(cg, f)
@@ -138,6 +142,8 @@ def main():
             "sent": per_call(funcs, HARNESS[2][1], "wait_all"),
             "waits": sum(n for n, _ in tw[1].values()) if tw else 0, "tests": nw, "cost": (waited or 0) * nw,
         }
+        if plugin.startswith("rivet"):
+            hooks[plugin] = [a + b for a, b in zip(hooks.get(plugin, (0, 0)), profiler_hooks(funcs))]
         if plugin == "rivet":
             for name in LAYERS:
                 n, v = per_call(funcs, name)
@@ -170,7 +176,10 @@ def main():
         idle = c1 / t1 if t1 else None
         finds = (c0 - idle * (t0 - w0)) / w0 if idle is not None and w0 else None
         attempt = both("try")
-        figures[plugin] = {"isend+finds": attempt + finds if finds is not None and attempt else None, "idle test": idle, "irecv": both("irecv")}
+        figures[plugin] = {"isend+finds": attempt + finds if finds is not None and attempt else None, "idle test": idle, "irecv": both("irecv"),
+                           # The responder's isend attempts: each one a request (its answer's
+                           # credit is always there), the same work whatever the timing.
+                           "isend": rk[1]["try"][1]}
         print(f"{plugin:<8} {fmt(isend)} {fmt(both('irecv'))} {fmt(found, 15)} {fmt(nothing, 13)} {fmt(both('sent'), 11)} {fmt(crit, 11)}"
               f"   {t0 / max(w0, 1):.2f}, {t1 / max(w1, 1):.2f}")
     if layers:
@@ -180,17 +189,38 @@ def main():
     for plugin, f in figures.items():
         show = lambda v: f"{v:.0f}" if v is not None else "-"
         print(f"# {plugin}, as the budget reads them: isend attempt+finds {show(f['isend+finds'])}, idle test (the responder's mean) {show(f['idle test'])}, irecv {show(f['irecv'])}")
+    for run, (calls, cost) in hooks.items():
+        if calls:
+            print(f"# {run}: the core's profiler hooks, {calls} requests with a handle: {cost / calls:.0f} instructions per request (its events started and stopped)")
     if a.budget:
-        return check_budget(a.budget, figures.get("rivet", {}))
+        return check_budget(a.budget, figures, events)
     return 0
 
 
-def check_budget(path, got):
-    """Each of rivet's figures against the committed budget (plus its margin): 0 when all hold."""
+def profiler_hooks(funcs):
+    """(requests, instructions) under the core's profiler hooks in one rank's profile: the calls
+    of Comm::profile_start (one per request posted with a profiler handle) and
+    Comm::profile_stop_events (one per such request done), inclusive (the plan of the events,
+    NCCL's callback, the handles kept). The inline checks before them are in the figures
+    without a callback too."""
+    calls = cost = 0
+    for name in ("nccl_net_rivet::plugin::Comm::profile_start", "nccl_net_rivet::plugin::Comm::profile_stop_events"):
+        n, v = per_call(funcs, name)
+        if v is not None:
+            cost += n * v
+            calls += n if name.endswith("profile_start") else 0
+    return calls, cost
+
+
+def check_budget(path, figures, events):
+    """Each of rivet's figures against the committed budget (plus its margin), and with NCCL's
+    profiler callback (rivet-cb, rivet-prof) against the same figure without it in this run: 0
+    when all hold."""
     with open(path) as f:
         b = json.load(f)
+    got = figures.get("rivet", {})
+    bad = profiler_check(b["profiler_margin"], got, figures, events)
     margin = b["margin"]
-    bad = 0
     for k, limit in b["rivet"].items():
         v = got.get(k)
         allowed = limit * (1 + margin)
@@ -198,8 +228,37 @@ def check_budget(path, got):
         bad += not ok
         shown = f"{v:.0f}" if v is not None else "not measured"
         print(f"BUDGET {k}: {shown} instructions (budget {limit}, at most {allowed:.0f} with the {margin:.0%} margin): {'PASS' if ok else 'FAIL'}")
-    print(f"BUDGET {'FAILED' if bad else 'PASSED'}: {bad} of {len(b['rivet'])} figure(s) over budget")
+    print(f"BUDGET {'FAILED' if bad else 'PASSED'}: {bad} of {len(b['rivet']) + 4} check(s) failed")
     return 1 if bad else 0
+
+
+def profiler_check(margin, base, figures, events):
+    """With NCCL's profiler callback passed and no handle with any request (rivet-cb: NCCL
+    without a profiler plugin, as every NCCL of v10+ runs it), the isend, irecv and idle test
+    at most `margin` above the same figure without a callback in the same run. rivet-prof (a handle with every
+    request, each network event reported) must report events on both ranks, as many stopped as
+    started; its figures are shown, not budgeted (they pay for the events a profiler plugin asked
+    for, and NCCL's own callback costs more than the harness's). Returns the failures."""
+    bad = 0
+    got = figures.get("rivet-cb", {})
+    # isend+finds swings by up to a tenth between processes with the initiator's NULL attempts
+    # and how its tests fall, more than a callback could add: the callback's checks are in
+    # isend (the responder's attempts), irecv and test, each of which repeats within 1 %.
+    for k in ("isend", "idle test", "irecv"):
+        v0 = base.get(k)
+        v = got.get(k)
+        ok = v is not None and v0 is not None and v <= v0 * (1 + margin)
+        bad += not ok
+        shown = f"{v:.0f} against {v0:.0f} without one ({v / v0 - 1:+.1%})" if v is not None and v0 else "not measured"
+        print(f"BUDGET {k} with a profiler callback: {shown}, at most {margin:+.0%}: {'PASS' if ok else 'FAIL'}")
+    got = figures.get("rivet-prof", {})
+    print("# with a profiler handle per request (not budgeted): " + ", ".join(
+        f"{k} {got[k]:.0f} against {v0:.0f} ({got[k] / v0 - 1:+.1%})" for k, v0 in base.items() if got.get(k) and v0))
+    seen = [events.get(r) for r in (0, 1)]
+    ok = all(e and e[0] > 0 and e[0] == e[1] for e in seen)
+    bad += not ok
+    print(f"BUDGET profiler events (started, stopped) per rank: {seen}: {'PASS' if ok else 'FAIL'}")
+    return bad
 
 
 if __name__ == "__main__":

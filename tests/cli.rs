@@ -154,6 +154,30 @@ fn perf_without_latency_test() {
     assert!(rows[1].split_whitespace().next() == Some("1048576"), "{out}");
 }
 
+/// `--profiler`: the harness passes NCCL's profiler callback at init (and with `events` a
+/// handle with every request, as NCCL does with a profiler plugin loaded); the data still
+/// arrives intact, and each rank says how many network events the plugin reported: none over
+/// TCP, which reports none (over verbs, ci/bench_instr.py asserts they come and all stop).
+#[test]
+fn perf_with_a_profiler_callback() {
+    for mode in ["callback", "events"] {
+        let o = rivet(&["perf", "--check", "--profiler", mode, "--lat-iters", "100", "--sizes", "64K", "--bytes", "1M"]);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{mode}: {out}{err}");
+        assert_checked(&out, 2);
+        let events: Vec<&str> = out.lines().filter(|l| l.starts_with("# profiler events, rank ")).collect();
+        if mode == "events" {
+            assert_eq!(events.len(), 2, "an events line per rank:\n{out}");
+            assert!(events.iter().all(|l| l.ends_with(": 0 started, 0 stopped")), "{out}");
+        } else {
+            assert!(events.is_empty(), "{out}");
+        }
+    }
+    let o = rivet(&["perf", "--profiler", "loud"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(text(&o).1.contains("--profiler"), "{}", text(&o).1);
+}
+
 /// `rivet perf --check`'s lines: each of `ranks` ranks received messages, every byte as sent.
 fn assert_checked(out: &str, ranks: usize) {
     let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("# data check, rank ")).collect();

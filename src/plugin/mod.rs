@@ -126,18 +126,18 @@ pub struct Comm {
 }
 
 impl Comm {
-    /// Start the profiler events of request `slot` (one per buffer: its size and NCCL's handle).
+    /// Start the profiler events of request `slot` (one per buffer: its size and NCCL's handle),
+    /// once NCCL has passed a callback (`profile::enabled`). Not inlined, nor
+    /// `profile_stop_events`: ci/bench_instr.py counts the profiler's instructions under them.
+    #[inline(never)]
     fn profile_start(&mut self, slot: Option<u32>, bufs: impl Iterator<Item = (usize, profile::Phandle)>) {
         let Some(slot) = slot else { return };
         self.posted += 1;
-        if !profile::enabled() {
-            return;
-        }
         if self.events.len() <= slot as usize {
             self.events.resize_with(slot as usize + 1, Vec::new);
         }
         let mut evs = std::mem::take(&mut self.ev_buf);
-        for (size, ph) in bufs {
+        for (size, ph) in bufs.filter(|(_, ph)| ph.0 != 0) {
             evs.clear();
             self.conn.net_events(size, &mut evs);
             profile::start(ph, self.posted, &evs, &mut self.events[slot as usize]);
@@ -145,10 +145,17 @@ impl Comm {
         self.ev_buf = evs;
     }
 
+    /// Stop the profiler events of request `slot`, if it has any (inline: most have none).
+    #[inline]
     fn profile_stop(&mut self, slot: u32) {
-        if let Some(h) = self.events.get_mut(slot as usize) {
-            profile::stop(h);
+        if self.events.get(slot as usize).is_some_and(|h| !h.is_empty()) {
+            self.profile_stop_events(slot as usize);
         }
+    }
+
+    #[inline(never)]
+    fn profile_stop_events(&mut self, slot: usize) {
+        profile::stop(&mut self.events[slot]);
     }
 }
 
@@ -261,7 +268,11 @@ pub unsafe fn isend(sc: *mut c_void, data: *mut c_void, size: usize, tag: i32, m
     let data = unsafe { Lent::new(data as *mut u8, size) };
     let cm = &mut *c;
     let slot = cm.conn.isend(data, tag, mr_info(&mut cm.last_mr, mh)?)?;
-    c.profile_start(slot, std::iter::once((size, profile::Phandle(ph as usize))));
+    // NCCL passes its callback whether or not a profiler plugin is loaded, and a NULL handle
+    // unless one is: only a handle has events to start.
+    if !ph.is_null() && profile::enabled() {
+        c.profile_start(slot, std::iter::once((size, profile::Phandle(ph as usize))));
+    }
     if c.conn.has_pending_sends() {
         pending_add(t);
     }
@@ -368,10 +379,11 @@ pub unsafe fn irecv(
         &bufs[..n as usize]
     };
     let slot = c.conn.irecv(posted)?;
-    if !ph.is_null() {
-        // SAFETY: a non-NULL `ph` holds `n` handles (the caller's promise).
-        let phs = (0..n as usize).map(|i| (posted[i].buf.len(), profile::Phandle(unsafe { *ph.add(i) } as usize)));
-        c.profile_start(slot, phs);
+    // SAFETY: a non-NULL `ph` holds `n` handles (the caller's promise).
+    let handle = |i: usize| unsafe { *ph.add(i) } as usize;
+    // As in isend: NULL handles (NCCL without a profiler plugin) have no events to start.
+    if !ph.is_null() && profile::enabled() && (0..n as usize).any(|i| handle(i) != 0) {
+        c.profile_start(slot, (0..n as usize).map(|i| (posted[i].buf.len(), profile::Phandle(handle(i)))));
     }
     drop(c);
     progress_pending(t);

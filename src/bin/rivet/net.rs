@@ -5,12 +5,68 @@ use crate::table::{self, Accept, Connect, Init, Irecv, Isend, Listen, RegMr, Tab
 use nccl_net_rivet::abi::types::*;
 use nccl_net_rivet::transport::MAX_RECVS;
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub type Res<T> = Result<T, String>;
+
+/// What the harness gives a plugin of ncclNet v10+ for NCCL's profiler (`rivet perf --profiler`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profiling {
+    /// No callback at init (what the CLI does by default).
+    None,
+    /// A callback at init, and no profiler handle with any request: NCCL run without a profiler
+    /// plugin (it always passes the callback).
+    Callback,
+    /// A callback at init and a profiler handle with every isend and irecv buffer: NCCL with a
+    /// profiler plugin that takes network events. The callback counts them.
+    Events,
+}
+
+/// The mode for every plugin this process loads from now on (0 none, 1 callback, 2 events).
+static PROFILING: AtomicU8 = AtomicU8::new(0);
+/// Events the harness's callback was asked to start, and to stop.
+static EVENTS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+/// The handle passed with a request under `Profiling::Events` (any non-NULL value: the plugin
+/// passes it back to the callback, which reads nothing through it).
+static PHANDLE: u8 = 0;
+
+pub fn set_profiling(p: Profiling) {
+    PROFILING.store(p as u8, Ordering::Relaxed);
+}
+
+/// (started, stopped): the network events the plugin reported to the harness's callback.
+pub fn profiler_events() -> (u64, u64) {
+    (EVENTS[0].load(Ordering::Relaxed), EVENTS[1].load(Ordering::Relaxed))
+}
+
+/// NCCL's profiler callback as a profiler plugin that takes every event would make it cost
+/// the least: count it, and hand back a non-NULL event handle (the start's own count).
+unsafe extern "C" fn harness_profiler(e: *mut *mut c_void, ty: std::ffi::c_int, _ph: *mut c_void, _id: i64, _d: *mut c_void) -> ncclResult_t {
+    let which = (ty != 0) as usize;
+    let n = EVENTS[which].fetch_add(1, Ordering::Relaxed) + 1;
+    if which == 0 && !e.is_null() {
+        // SAFETY: NCCL's contract for a start: `e` is the plugin's out-pointer for the handle.
+        unsafe { *e = n as usize as *mut c_void };
+    }
+    NCCL_SUCCESS
+}
+
+fn profiler_callback() -> ncclProfilerCallback_t {
+    (PROFILING.load(Ordering::Relaxed) != 0).then_some(harness_profiler as unsafe extern "C" fn(_, _, _, _, _) -> _)
+}
+
+/// The profiler handle to pass with a request (NULL unless `Profiling::Events`).
+fn phandle() -> *mut c_void {
+    if PROFILING.load(Ordering::Relaxed) == 2 {
+        &PHANDLE as *const u8 as *mut c_void
+    } else {
+        std::ptr::null_mut()
+    }
+}
 
 pub struct Net {
     _lib: libloading::Library,
@@ -151,8 +207,8 @@ impl Net {
         let r = unsafe {
             match found.init()? {
                 Init::Plain(f) => f(log),
-                Init::Profiler(f) => f(log, None),
-                Init::Ctx(f) => f(&mut ctx, 0x5249_5645, &mut cfg, log, None),
+                Init::Profiler(f) => f(log, profiler_callback()),
+                Init::Ctx(f) => f(&mut ctx, 0x5249_5645, &mut cfg, log, profiler_callback()),
             }
         };
         check("init", r)?;
@@ -360,13 +416,13 @@ impl Net {
     #[inline(never)]
     pub unsafe fn try_isend(&self, sc: *mut c_void, p: *const u8, size: usize, tag: i32, mh: *mut c_void) -> Res<Option<*mut c_void>> {
         let mut req = std::ptr::null_mut();
-        let (data, null) = (p as *mut c_void, std::ptr::null_mut());
+        let data = p as *mut c_void;
         // SAFETY: see `load`, and the caller's promise for the buffer.
         let r = unsafe {
             match self.t.isend {
                 Isend::Int(f) => f(sc, data, int("isend", size)?, tag, mh, &mut req),
                 Isend::Size(f) => f(sc, data, size, tag, mh, &mut req),
-                Isend::Phandle(f) => f(sc, data, size, tag, mh, null, &mut req),
+                Isend::Phandle(f) => f(sc, data, size, tag, mh, phandle(), &mut req),
             }
         };
         check("isend", r)?;
@@ -391,14 +447,17 @@ impl Net {
             isizes[i] = if matches!(self.t.irecv, Irecv::Int(_)) { int("irecv", b.1)? } else { 0 };
         }
         let (mut req, n) = (std::ptr::null_mut(), bufs.len() as i32);
-        let (d, t, m, null) = (data.as_mut_ptr(), tags.as_mut_ptr(), mhs.as_mut_ptr(), std::ptr::null_mut());
+        let mut phs = [phandle(); MAX];
+        let (d, t, m) = (data.as_mut_ptr(), tags.as_mut_ptr(), mhs.as_mut_ptr());
+        // NCCL passes its array of per-buffer handles (each NULL without a profiler plugin).
+        let ph = phs.as_mut_ptr();
         // SAFETY: see `load`; the arrays hold `bufs.len()` entries each, and the caller's promise
         // covers the buffers.
         let r = unsafe {
             match self.t.irecv {
                 Irecv::Int(f) => f(rc, n, d, isizes.as_mut_ptr(), t, m, &mut req),
                 Irecv::Size(f) => f(rc, n, d, sizes.as_mut_ptr(), t, m, &mut req),
-                Irecv::Phandle(f) => f(rc, n, d, sizes.as_mut_ptr(), t, m, null, &mut req),
+                Irecv::Phandle(f) => f(rc, n, d, sizes.as_mut_ptr(), t, m, ph, &mut req),
             }
         };
         check("irecv", r)?;

@@ -28,6 +28,12 @@ pub struct Opts {
     /// timing
     #[arg(long = "lat-settle", value_name = "US", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub lat_settle: u32,
+    /// NCCL's profiler (ncclNet v10 and later): none passes no callback at init; callback
+    /// passes one and no profiler handle with any request (NCCL without a profiler plugin);
+    /// events passes one and a handle with every isend and irecv buffer (NCCL with a profiler
+    /// plugin), and each rank prints the network events the plugin started and stopped
+    #[arg(long, value_enum, value_name = "MODE", default_value = "none")]
+    pub profiler: crate::net::Profiling,
     /// Buffers in GPU memory (CUDA device 0), registered as NCCL_PTR_CUDA
     #[arg(long)]
     pub cuda: bool,
@@ -141,6 +147,7 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         None
     };
     // The plugin loaded and its devices open (a process-wide cost, paid once), before any comm.
+    crate::net::set_profiling(o.profiler);
     let net = crate::net::Net::load(lib)?;
     net.ndev()?;
     let before = if costs { Usage::now() } else { Usage::default() };
@@ -259,6 +266,14 @@ pub fn peer(lib: &std::path::Path, rank: usize, nranks: usize, o: &Opts) -> Res<
         // Each rank that received speaks for itself (r.out is rank 0's).
         println!("OUT # data check, rank {rank}: {} wrong byte(s) in {} message(s) received", check.wrong, check.messages);
         wrong += check.wrong;
+    }
+    if o.profiler == crate::net::Profiling::Events {
+        // Every request has been tested done: each event started has been stopped.
+        let (started, stopped) = crate::net::profiler_events();
+        println!("OUT # profiler events, rank {rank}: {started} started, {stopped} stopped");
+        if started != stopped {
+            return Err(format!("the plugin started {started} profiler events and stopped {stopped}"));
+        }
     }
     big.release(&r)?;
     little.release(&r)?;
