@@ -112,9 +112,9 @@ def main():
     for line in log.splitlines():
         if line.startswith(("OK ", "FAIL ", "PROFILER ")):
             print("#", line)
-        m = re.match(r"PROFILER # profiler events, rank (\d+): (\d+) started, (\d+) stopped", line)
+        m = re.match(r"PROFILER (\S+) # profiler events, rank (\d+): (\d+) started, (\d+) stopped", line)
         if m:
-            events[int(m[1])] = (int(m[2]), int(m[3]))
+            events.setdefault(m[1], {})[int(m[2])] = (int(m[3]), int(m[4]))
     if out.returncode not in (0, 1):
         sys.exit(f"the VM run failed (exit {out.returncode}): see target/vm/instr.log")
     cg = os.path.join(share, "cg")
@@ -254,7 +254,7 @@ def profiler_check(margin, base, figures, events):
     got = figures.get("rivet-prof", {})
     print("# with a profiler handle per request (not budgeted): " + ", ".join(
         f"{k} {got[k]:.0f} against {v0:.0f} ({got[k] / v0 - 1:+.1%})" for k, v0 in base.items() if got.get(k) and v0))
-    seen = [events.get(r) for r in (0, 1)]
+    seen = [events.get("rivet-prof", {}).get(r) for r in (0, 1)]
     ok = all(e and e[0] > 0 and e[0] == e[1] for e in seen)
     bad += not ok
     print(f"BUDGET profiler events (started, stopped) per rank: {seen}: {'PASS' if ok else 'FAIL'}")
