@@ -82,8 +82,8 @@ fn eager_copies_into_gpu_memory_finish_in_order() {
     // SAFETY: `s` and `dev` outlive the copies (retired below before they drop); `host_dst`
     // holds 16 bytes.
     unsafe {
-        assert!(!c.copy(0, dev.ptr() as u64, s.as_ptr(), len, true).unwrap(), "a GPU copy is never done at once");
-        assert!(!c.copy(1, host_dst.as_mut_ptr() as u64, s.as_ptr(), 16, false).unwrap(), "a host copy behind it waits");
+        assert!(!c.copy(0, dev.ptr() as *mut u8, s.as_ptr(), len, true).unwrap(), "a GPU copy is never done at once");
+        assert!(!c.copy(1, host_dst.as_mut_ptr(), s.as_ptr(), 16, false).unwrap(), "a host copy behind it waits");
     }
     assert_eq!(host_dst[..], s[..16], "the host copy itself is done at once");
     let t = std::time::Instant::now();

@@ -367,23 +367,25 @@ pub unsafe fn irecv(
         Ok(RecvBuf { buf: unsafe { Lent::new(ptr, size) }, tag, mr })
     };
     // One buffer (most receives) without making the other seven (each holds a registration).
-    let (one, mut bufs);
-    let posted: &[RecvBuf] = if n == 1 {
+    let (mut one, mut bufs);
+    let posted: &mut [RecvBuf] = if n == 1 {
         one = [buf(&mut c, 0)?];
-        &one
+        &mut one
     } else {
         bufs = [RecvBuf::EMPTY; MAX_RECVS];
         for (i, b) in bufs.iter_mut().enumerate().take(n as usize) {
             *b = buf(&mut c, i)?;
         }
-        &bufs[..n as usize]
+        &mut bufs[..n as usize]
     };
+    // The transport takes the buffers: each stays Lent in its request until it is done.
     let slot = c.conn.irecv(posted)?;
     // SAFETY: a non-NULL `ph` holds `n` handles (the caller's promise).
     let handle = |i: usize| unsafe { *ph.add(i) } as usize;
     // As in isend: NULL handles (NCCL without a profiler plugin) have no events to start.
     if !ph.is_null() && profile::enabled() && (0..n as usize).any(|i| handle(i) != 0) {
-        c.profile_start(slot, (0..n as usize).map(|i| (posted[i].buf.len(), profile::Phandle(handle(i)))));
+        // (Each buffer's size read again from NCCL's array: the transport took the buffers.)
+        c.profile_start(slot, (0..n as usize).map(|i| (size_of(i).unwrap_or(0), profile::Phandle(handle(i)))));
     }
     drop(c);
     progress_pending(t);
@@ -411,7 +413,7 @@ pub unsafe fn iflush(rc: *mut c_void, n: i32, data: *mut *mut c_void, sizes: *mu
         // SAFETY: the caller's promise for the buffer is Lent's.
         *b = RecvBuf { buf: unsafe { Lent::new(ptr, size) }, tag: 0, mr };
     }
-    let slot = c.conn.iflush(&bufs[..n as usize])?;
+    let slot = c.conn.iflush(&mut bufs[..n as usize])?;
     Ok(request(t, slot))
 }
 

@@ -54,9 +54,11 @@ pub enum EagerStep {
     Wait,
     /// Consumed without a copy (an announcement, or an empty message).
     Consumed,
-    /// Copy `len` payload bytes out of the slot to `dst` (GPU memory when `gpu`), then call
-    /// [`RecvEngine::copy_done`]; the slot is not released to the sender before that.
-    Copy { dst: u64, len: usize, gpu: bool },
+    /// Copy `len` payload bytes out of the slot into buffer `entry` of receive `req` (GPU
+    /// memory when `gpu`), then call [`RecvEngine::copy_done`]; the slot is not released to the
+    /// sender before that. The engine names the buffer; the transport holds it (a receive's
+    /// buffers stay the transport's, lent, until it is done).
+    Copy { req: u16, entry: u8, len: usize, gpu: bool },
 }
 
 #[derive(Clone, Copy, Default)]
@@ -395,17 +397,18 @@ impl RecvEngine {
             return Ok(EagerStep::Consumed);
         }
         self.copying.push_back(Copying { ring_index: index, req: owner, entry: r as u8 });
-        Ok(EagerStep::Copy { dst: spec.addr, len: h.size as usize, gpu: spec.gpu })
+        Ok(EagerStep::Copy { req: owner, entry: r as u8, len: h.size as usize, gpu: spec.gpu })
     }
 
     /// The common eager message, decided without the general matching of
     /// [`on_eager`](Self::on_eager): data for the oldest receive, posted with one buffer of host
     /// memory whose tag it has and which it fits, nothing copied out of the ring before it. Its
-    /// buffer is filled once the caller copies `len` bytes of the slot's payload to `dst` (so it
-    /// must, before anything else looks at the ring or the receive): what `on_eager` and
-    /// `copy_done` make of it. None: `on_eager` decides (which answers exactly as before).
+    /// buffer is filled once the caller copies `len` bytes of the slot's payload into the one
+    /// buffer of receive `req` (so it must, before anything else looks at the ring or the
+    /// receive): what `on_eager` and `copy_done` make of it. None: `on_eager` decides (which
+    /// answers exactly as before).
     #[inline]
-    pub fn eager_straight(&mut self, h: &EagerHdr) -> Option<(u64, usize)> {
+    pub fn eager_straight(&mut self, h: &EagerHdr) -> Option<(u16, usize)> {
         if !self.copying.is_empty() || h.flags & EAGER_DATA == 0 || h.size == 0 || h.size > self.eager_max as u64 {
             return None;
         }
@@ -423,7 +426,7 @@ impl RecvEngine {
         e.done = true;
         rq.left -= 1;
         self.ring_done += 1;
-        Some((e.spec.addr, h.size as usize))
+        Some((owner, h.size as usize))
     }
 
     /// The oldest copy out of the ring finished: its buffer is filled, its slot may be released.
@@ -586,14 +589,14 @@ mod tests {
                     let h = EagerHdr { seq: hseq, flags: hflags, size: hsize, tag: htag, _pad: [0; 3] };
                     let (mut a, mut b) = (fresh(), fresh());
                     tried += 1;
-                    let Some((dst, len)) = a.eager_straight(&h) else {
+                    let Some((req, len)) = a.eager_straight(&h) else {
                         // Declined, and nothing changed: the general path answers as it would.
                         assert_eq!(format!("{:?}", a.on_eager(h)), format!("{:?}", b.on_eager(h)));
                         assert_eq!((a.ring_done, a.credit_urgent), (b.ring_done, b.credit_urgent));
                         continue;
                     };
                     taken += 1;
-                    assert_eq!(b.on_eager(h).unwrap(), EagerStep::Copy { dst, len, gpu: false });
+                    assert_eq!(b.on_eager(h).unwrap(), EagerStep::Copy { req, entry: 0, len, gpu: false });
                     b.copy_done();
                     let (mut sa, mut sb) = ([0; MAX_GROUP], [0; MAX_GROUP]);
                     assert_eq!(a.take(0, &mut sa).unwrap(), b.take(0, &mut sb).unwrap());

@@ -217,10 +217,16 @@ pub(crate) fn gpu_of(mr: Option<&MrInfo>) -> Option<i32> {
 /// bounce buffer standing in for it. Only [`Lent::new`], which is unsafe, makes one: the promise
 /// that the memory is there is made once, where the pointer comes in (the plugin's `isend`,
 /// `irecv` and `iflush`, the staging engine), and every transport relies on it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct Lent {
     ptr: *mut u8,
     len: usize,
+}
+
+impl Default for Lent {
+    fn default() -> Lent {
+        Lent::EMPTY
+    }
 }
 
 impl Lent {
@@ -250,7 +256,7 @@ impl Lent {
 }
 
 /// One buffer of a (possibly grouped) receive.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Default)]
 pub struct RecvBuf {
     pub buf: Lent,
     pub tag: i32,
@@ -297,13 +303,15 @@ pub trait Conn: Send {
     fn set_ready(&mut self, _slot: u32, _ready: usize) -> Result<()> {
         Ok(())
     }
-    /// Post a receive of 1..=MAX_RECVS buffers; `Ok(None)` is back-pressure.
-    fn irecv(&mut self, _bufs: &[RecvBuf]) -> Result<Option<u32>> {
+    /// Post a receive of 1..=MAX_RECVS buffers; `Ok(None)` is back-pressure. A transport that
+    /// posts them takes the buffers it reaches later (`std::mem::take`): they stay `Lent` in its
+    /// request until it is done.
+    fn irecv(&mut self, _bufs: &mut [RecvBuf]) -> Result<Option<u32>> {
         Err(Error::internal("irecv called on a send comm"))
     }
     /// Make GPU-written receive data visible (the receive buffers of a completed `irecv`);
     /// `Ok(None)` means nothing to wait for.
-    fn iflush(&mut self, _bufs: &[RecvBuf]) -> Result<Option<u32>> {
+    fn iflush(&mut self, _bufs: &mut [RecvBuf]) -> Result<Option<u32>> {
         Ok(None)
     }
     /// Make progress and report whether `slot` is done; when it is, its sizes are written to
@@ -358,10 +366,10 @@ impl Conn for DataPath {
         on_path!(self, c => c.set_ready(slot, ready))
     }
     #[inline]
-    fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+    fn irecv(&mut self, bufs: &mut [RecvBuf]) -> Result<Option<u32>> {
         on_path!(self, c => c.irecv(bufs))
     }
-    fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+    fn iflush(&mut self, bufs: &mut [RecvBuf]) -> Result<Option<u32>> {
         on_path!(self, c => c.iflush(bufs))
     }
     #[inline(always)]

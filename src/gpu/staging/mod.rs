@@ -106,9 +106,11 @@ enum Managed {
     /// Handed to the transport under `inner`; `bounce` returns to the pool when it completes.
     SendPosted { inner: u32, bounce: Option<Bounce> },
     /// A receive with staged buffers, posted to the transport.
-    RecvPosted { inner: u32, n: usize, staged: [Option<(usize, Bounce)>; MAX_RECVS] },
+    /// `staged`: per buffer, NCCL's (GPU) buffer, lent until the receive completes, and the
+    /// bounce buffer the transport fills in its place.
+    RecvPosted { inner: u32, n: usize, staged: [Option<(Lent, Bounce)>; MAX_RECVS] },
     /// The transport has delivered; host → device copies run until the fence.
-    RecvCopying { n: usize, sizes: [usize; MAX_RECVS], staged: [Option<(usize, Bounce)>; MAX_RECVS] },
+    RecvCopying { n: usize, sizes: [usize; MAX_RECVS], staged: [Option<(Lent, Bounce)>; MAX_RECVS] },
 }
 
 /// Every comm's data path: staging where registrations ask for it, pass-through elsewhere.
@@ -269,7 +271,12 @@ impl Staged {
                     // beyond `ready`, which the transport does not read before `set_ready`.
                     (unsafe { Lent::new(bounce.ptr, size) }, *tag, Some(bounce.mr), ready)
                 }
-                Managed::SendWaiting { data, tag, mr } => (*data, *tag, *mr, data.len()),
+                Managed::SendWaiting { data, tag, mr } => {
+                    // SAFETY: the buffer NCCL lent for this very send, handed on to the
+                    // transport for it; the slot's own hold on it ends once the transport takes
+                    // the send (the slot becomes SendPosted), or is handed on again next time.
+                    (unsafe { Lent::new(data.ptr(), data.len()) }, *tag, *mr, data.len())
+                }
                 _ => return Err(Error::internal("staging: a queued send in an unexpected state")),
             };
             let size = data.len();
@@ -343,32 +350,37 @@ impl Conn for Staged {
     }
 
     #[inline]
-    fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+    fn irecv(&mut self, bufs: &mut [RecvBuf]) -> Result<Option<u32>> {
         if !bufs.iter().any(|b| path_of(b.mr.as_ref()) == Path::Staged) {
+            if !self.stats_on {
+                return self.inner.irecv(bufs);
+            }
+            // Read before the transport takes the buffers.
+            let mut paths = [Path::Host; MAX_RECVS];
+            for (p, b) in paths.iter_mut().zip(bufs.iter()) {
+                *p = path_of(b.mr.as_ref());
+            }
             let r = self.inner.irecv(bufs)?;
-            if let (Some(s), true) = (r, self.stats_on) {
-                let p = &mut self.recv_path[s as usize];
-                for (i, b) in bufs.iter().enumerate() {
-                    p[i] = path_of(b.mr.as_ref());
-                }
+            if let Some(s) = r {
+                self.recv_path[s as usize] = paths;
             }
             return Ok(r);
         }
         self.irecv_managed(bufs)
     }
 
-    fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+    fn iflush(&mut self, bufs: &mut [RecvBuf]) -> Result<Option<u32>> {
         // Staged receives are complete once their host → device copy is: nothing to flush.
         let mut rest = [RecvBuf::EMPTY; MAX_RECVS];
         let mut n = 0;
-        for b in bufs.iter().filter(|b| path_of(b.mr.as_ref()) != Path::Staged) {
-            rest[n] = *b;
+        for b in bufs.iter_mut().filter(|b| path_of(b.mr.as_ref()) != Path::Staged) {
+            rest[n] = std::mem::take(b);
             n += 1;
         }
         if n == 0 {
             return Ok(None);
         }
-        self.inner.iflush(&rest[..n])
+        self.inner.iflush(&mut rest[..n])
     }
 
     #[inline(always)]
@@ -415,13 +427,14 @@ impl Staged {
 impl Staged {
     /// `irecv` with staged buffers: each lands in a bounce buffer first.
     #[inline(never)]
-    fn irecv_managed(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+    fn irecv_managed(&mut self, bufs: &mut [RecvBuf]) -> Result<Option<u32>> {
         let Some(m) = self.take_slot() else { return Ok(None) };
-        let mut staged: [Option<(usize, Bounce)>; MAX_RECVS] = Default::default();
+        let mut staged: [Option<(Lent, Bounce)>; MAX_RECVS] = Default::default();
         let mut posted = [RecvBuf::EMPTY; MAX_RECVS];
         let mut res = Ok(());
-        for (i, b) in bufs.iter().enumerate() {
-            posted[i] = *b;
+        for (i, b) in bufs.iter_mut().enumerate() {
+            posted[i] = std::mem::take(b);
+            let b = &mut posted[i];
             if path_of(b.mr.as_ref()) != Path::Staged {
                 continue;
             }
@@ -432,13 +445,14 @@ impl Staged {
             let copier = self.copier.as_deref_mut().expect("ensured above");
             match self.pool.get(b.buf.len(), copier, &*self.registrar) {
                 Ok(bounce) => {
+                    let len = b.buf.len();
                     // SAFETY: the bounce buffer holds at least the receive buffer's size, stays
                     // with this receive's slot until its copy to the GPU is fenced, and is freed
                     // only after the transport's comm is dropped (`Drop for Staged`); nothing
-                    // else uses it meanwhile.
-                    posted[i].buf = unsafe { Lent::new(bounce.ptr, b.buf.len()) };
-                    posted[i].mr = Some(bounce.mr);
-                    staged[i] = Some((b.buf.addr(), bounce));
+                    // else uses it meanwhile. NCCL's buffer stays lent in `staged`.
+                    let user = std::mem::replace(&mut b.buf, unsafe { Lent::new(bounce.ptr, len) });
+                    b.mr = Some(bounce.mr);
+                    staged[i] = Some((user, bounce));
                 }
                 Err(e) => {
                     res = Err(e);
@@ -446,7 +460,7 @@ impl Staged {
                 }
             }
         }
-        let r = res.and_then(|_| self.inner.irecv(&posted[..bufs.len()]));
+        let r = res.and_then(|_| self.inner.irecv(&mut posted[..bufs.len()]));
         match r {
             Ok(Some(inner)) => {
                 self.slots[m as usize] = Managed::RecvPosted { inner, n: bufs.len(), staged };
@@ -554,7 +568,7 @@ impl Staged {
                                 // SAFETY: `sizes[i]` bytes arrived in the bounce buffer, which is
                                 // kept until this receive's fence; `dst` is the receive's GPU buffer
                                 // of at least that size, NCCL's until the receive completes.
-                                unsafe { copier.to_device(*dst, b.ptr, sizes[i])? };
+                                unsafe { copier.to_device(dst.addr(), b.ptr, sizes[i])? };
                             }
                         }
                     }

@@ -287,7 +287,8 @@ impl SendConn {
 
 impl Conn for SendConn {
     fn isend(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
-        self.isend_partial(data, tag, mr, data.len())
+        let len = data.len();
+        self.isend_partial(data, tag, mr, len)
     }
 
     fn isend_partial(&mut self, data: Lent, tag: i32, _mr: Option<&MrInfo>, ready: usize) -> Result<Option<u32>> {
@@ -388,11 +389,10 @@ unsafe impl Send for RecvConn {}
 
 impl RecvConn {
     pub fn new(fds: Vec<OwnedFd>, peer: SocketAddr, min_chunk: usize) -> RecvConn {
-        let empty = RecvBuf::EMPTY;
         let slots = (0..RECV_SLOTS)
             .map(|_| RecvSlot {
                 n: 0,
-                bufs: [empty; MAX_RECVS],
+                bufs: [RecvBuf::EMPTY; MAX_RECVS],
                 sizes: [0; MAX_RECVS],
                 matched: 0,
                 nmatched: 0,
@@ -549,7 +549,7 @@ impl RecvConn {
 }
 
 impl Conn for RecvConn {
-    fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+    fn irecv(&mut self, bufs: &mut [RecvBuf]) -> Result<Option<u32>> {
         self.s.check()?;
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
             return Err(Error::internal(format!("irecv with n={} (1..={MAX_RECVS} accepted)", bufs.len())));
@@ -557,7 +557,9 @@ impl Conn for RecvConn {
         let Some(slot) = self.free.pop() else { return Ok(None) };
         let sl = &mut self.slots[slot as usize];
         sl.n = bufs.len();
-        sl.bufs[..bufs.len()].copy_from_slice(bufs);
+        for (kept, b) in sl.bufs.iter_mut().zip(bufs.iter_mut()) {
+            *kept = std::mem::take(b);
+        }
         sl.sizes = [0; MAX_RECVS];
         sl.matched = 0;
         sl.nmatched = 0;

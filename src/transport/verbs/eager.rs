@@ -79,10 +79,10 @@ impl<N: Nic> EagerCopies<N> {
     /// `src` is `len` bytes of ring slot `slot` (< FENCES), left alone until the copy is
     /// reported done; `[dst, dst+len)` is memory of a posted receive, the comm's until then
     /// (GPU memory when `gpu`, host memory otherwise).
-    pub unsafe fn copy(&mut self, slot: usize, dst: u64, src: *const u8, len: usize, gpu: bool) -> Result<bool> {
+    pub unsafe fn copy(&mut self, slot: usize, dst: *mut u8, src: *const u8, len: usize, gpu: bool) -> Result<bool> {
         if !gpu {
             // SAFETY: the caller's promise: host memory at both ends, `len` bytes each.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) };
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
             if self.order.is_empty() {
                 return Ok(true);
             }

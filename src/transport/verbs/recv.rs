@@ -29,7 +29,7 @@ pub const fn cts_stage_bytes(members: usize) -> usize {
 }
 use crate::proto::ProtoError;
 use crate::sys::ib::*;
-use crate::transport::{path_of, Conn, Path, RecvBuf, MAX_RECVS};
+use crate::transport::{path_of, Conn, Lent, Path, RecvBuf, MAX_RECVS};
 use super::eager::{self, EagerCopies};
 use crate::gpu::staging::Copier;
 use std::sync::atomic::{fence, Ordering};
@@ -91,6 +91,8 @@ pub struct VerbsRecv<N: Nic = Verbs> {
     /// Each receive's keys of its buffers on every member (a fused receiver's CTS entries carry
     /// them), to write its CTS group again after a failover.
     keys: Box<[[CtsKeys; MAX_GROUP]]>,
+    /// Each receive's buffers (NCCL's, lent until it is done), where eager payloads are copied.
+    lent: Box<[[Lent; MAX_GROUP]]>,
     eng: RecvEngine,
     /// Receives posted and not yet consumed, per QP, and how many each QP's queue holds.
     posted_recvs: [u32; MAX_QPS],
@@ -185,6 +187,7 @@ impl<N: Nic> VerbsRecv<N> {
             rewrite_by: 0,
             recovery_checked: 0,
             keys: vec![[CtsKeys::default(); MAX_GROUP]; RECV_REQS].into_boxed_slice(),
+            lent: (0..RECV_REQS).map(|_| [const { Lent::EMPTY }; MAX_GROUP]).collect(),
             eng,
             posted_recvs: [depths.recvs_posted(); MAX_QPS],
             rq: depths.recvs_posted(),
@@ -253,19 +256,21 @@ impl<N: Nic> VerbsRecv<N> {
             // SAFETY: the header is aligned in the slot; volatile because the NIC wrote it (its
             // immediate has been seen, so the write is complete).
             let h = unsafe { std::ptr::read_volatile(p as *const EagerHdr) };
-            if let Some((dst, len)) = self.eng.eager_straight(&h) {
+            if let Some((req, len)) = self.eng.eager_straight(&h) {
+                let dst = self.lent[req as usize][0].ptr();
                 // SAFETY: as for a host copy below (`EagerCopies::copy`): the payload follows the
                 // header in the slot, `len` bytes (at most eager_max, checked by the engine);
                 // `dst` is the receive's host buffer, lent to this comm until it completes, of
                 // at least `len` bytes. Nothing is copied out before it (the engine checked).
-                unsafe { std::ptr::copy_nonoverlapping(p.add(EAGER_HDR), dst as *mut u8, len) };
+                unsafe { std::ptr::copy_nonoverlapping(p.add(EAGER_HDR), dst, len) };
                 continue;
             }
             match self.eng.on_eager(h) {
                 Err(e) => return Err(self.c.proto(e)),
                 Ok(EagerStep::Wait) => break,
                 Ok(EagerStep::Consumed) => {}
-                Ok(EagerStep::Copy { dst, len, gpu }) => {
+                Ok(EagerStep::Copy { req, entry, len, gpu }) => {
+                    let dst = self.lent[req as usize][entry as usize].ptr();
                     // SAFETY: the payload follows the header in the slot (len <= eager_max, checked by
                     // the engine); the engine keeps the slot from the sender until `copy_done`.
                     let src = unsafe { p.add(EAGER_HDR) };
@@ -410,7 +415,7 @@ impl<N: Nic> VerbsRecv<N> {
     /// `irecv` with room for `bufs`' specs and keys (a fused device's keys of each buffer on
     /// every member: the CTS entry carries them).
     #[inline(always)]
-    fn irecv_into(&mut self, bufs: &[RecvBuf], specs: &mut [RecvSpec], keys: &mut [CtsKeys]) -> Result<Option<u32>> {
+    fn irecv_into(&mut self, bufs: &mut [RecvBuf], specs: &mut [RecvSpec], keys: &mut [CtsKeys]) -> Result<Option<u32>> {
         self.calm = false;
         self.c.check()?;
         let n = bufs.len().min(specs.len());
@@ -430,8 +435,11 @@ impl<N: Nic> VerbsRecv<N> {
             return Ok(None);
         }
         let RecvPlan::Posted { req, cts } = self.eng.post(&specs[..n]) else { return Ok(None) };
-        if let Some(k) = self.keys.get_mut(req as usize) {
+        if let (Some(k), Some(l)) = (self.keys.get_mut(req as usize), self.lent.get_mut(req as usize)) {
             k[..n].copy_from_slice(&keys[..n]);
+            for (l, b) in l.iter_mut().zip(&mut bufs[..n]) {
+                *l = std::mem::take(&mut b.buf);
+            }
         }
         if cts {
             let p = self.eng.cts_plan();
@@ -559,7 +567,7 @@ impl<N: Nic> VerbsRecv<N> {
 }
 
 impl<N: Nic> Conn for VerbsRecv<N> {
-    fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+    fn irecv(&mut self, bufs: &mut [RecvBuf]) -> Result<Option<u32>> {
         // One buffer (most receives) without making the other seven's specs and keys.
         if let [_] = bufs {
             let (mut specs, mut keys) = ([RecvSpec::default(); 1], [CtsKeys::default(); 1]);
@@ -569,7 +577,7 @@ impl<N: Nic> Conn for VerbsRecv<N> {
         self.irecv_into(bufs, &mut specs, &mut keys)
     }
 
-    fn iflush(&mut self, bufs: &[RecvBuf]) -> Result<Option<u32>> {
+    fn iflush(&mut self, bufs: &mut [RecvBuf]) -> Result<Option<u32>> {
         self.calm = false;
         self.c.check()?;
         if self.c.set.flush_disable {

@@ -66,8 +66,10 @@ pub struct VerbsSend<N: Nic = Verbs> {
     /// A fused receiver's keys of each CTS entry (slot × MAX_GROUP + entry), read with it.
     cts_rkeys: Box<[CtsKeys]>,
     eng: SendEngine,
-    /// Local source (address, lkey on each member, in GPU memory) of each request slot's send.
-    local: Box<[(u64, [u32; MAX_MEMBERS], bool)]>,
+    /// Each request slot's send: its buffer, NCCL's, lent to this comm until the send is done
+    /// (a failover before then writes it again from here), its lkey on each member, and
+    /// whether it is GPU memory.
+    local: Box<[(Lent, [u32; MAX_MEMBERS], bool)]>,
     /// Bytes of each request slot's rendezvous send that can be read so far.
     ready: Box<[usize]>,
     /// Room one send needs on each queue pair (see `remapped`).
@@ -142,7 +144,7 @@ impl<N: Nic> VerbsSend<N> {
             rem_members,
             cts_rkeys: vec![CtsKeys::default(); keyed].into_boxed_slice(),
             eng,
-            local: vec![(0, [0; MAX_MEMBERS], false); SEND_REQS].into_boxed_slice(),
+            local: (0..SEND_REQS).map(|_| (Lent::EMPTY, [0; MAX_MEMBERS], false)).collect(),
             ready: vec![0; SEND_REQS].into_boxed_slice(),
             need: [MAX_POST; MAX_QPS],
             in_failover: false,
@@ -254,8 +256,9 @@ impl<N: Nic> VerbsSend<N> {
     /// One eager write into the receiver's ring: header (+ payload). Returns whether it went
     /// inline: the payload was copied at post time, nothing to wait for (if the write is
     /// signaled, to retire the ones before it, its id is a control one).
-    /// `on_gpu`: the payload is GPU memory, which only the NIC may read (never inline).
-    fn post_eager(&mut self, ring_slot: usize, hdr_slot: usize, h: EagerHdr, (data, lkeys): (u64, [u32; MAX_MEMBERS]), wr_id: u64, on_gpu: bool) -> Result<bool> {
+    /// `src`: the request whose buffer (`local`) is the payload (None: an announcement, a header
+    /// alone); `on_gpu`: the payload is GPU memory, which only the NIC may read (never inline).
+    fn post_eager(&mut self, ring_slot: usize, hdr_slot: usize, h: EagerHdr, src: Option<u16>, wr_id: u64, on_gpu: bool) -> Result<bool> {
         let size = if h.flags & EAGER_DATA != 0 { h.size as usize } else { 0 };
         let split = self.eng.ar_split(EAGER_HDR + size);
         let inline = !split && !on_gpu && EAGER_HDR + size <= self.inline_room;
@@ -280,7 +283,11 @@ impl<N: Nic> VerbsSend<N> {
         let (lm, rm) = (member_of(q, self.c.ports.len()), member_of(q, self.rem_members));
         self.c.member_bytes[lm] += size as u64;
         self.sges[0] = ibv_sge { addr: hp as u64, length: EAGER_HDR as u32, lkey: self.hdrs.lkey_on(lm) };
-        self.sges[1] = ibv_sge { addr: data, length: size as u32, lkey: lkeys[lm] };
+        let (data, lkeys) = match src {
+            Some(r) => (self.local[r as usize].0.ptr(), self.local[r as usize].1),
+            None => (std::ptr::null_mut(), [0; MAX_MEMBERS]),
+        };
+        self.sges[1] = ibv_sge { addr: data as u64, length: size as u32, lkey: lkeys[lm] };
         let remote = self.ring.addr + (ring_slot * slot_bytes(self.ring.eager_max)) as u64;
         let imm = Imm::Eager(ring_slot as u32).encode().to_be();
         let rkey = self.ring.rkeys[rm];
@@ -312,7 +319,7 @@ impl<N: Nic> VerbsSend<N> {
             // both (EAGER_HDR + size <= INLINE_COPY).
             unsafe {
                 std::ptr::copy_nonoverlapping(hp as *const u8, c.1.as_mut_ptr(), EAGER_HDR);
-                std::ptr::copy_nonoverlapping(data as *const u8, c.1.as_mut_ptr().add(EAGER_HDR), size);
+                std::ptr::copy_nonoverlapping(data, c.1.as_mut_ptr().add(EAGER_HDR), size);
             }
         }
         // Not inline: signaled, its request waits for it. Inline: the book signals one in
@@ -334,7 +341,10 @@ impl<N: Nic> VerbsSend<N> {
     fn post_rdv(&mut self, req: u16, ready: usize) -> Result<()> {
         let k = self.eng.rdv_steps(req, ready, &mut self.steps);
         let t = self.eng.target(req);
-        let (data, lkeys, on_gpu) = self.local[req as usize];
+        let (data, lkeys, on_gpu) = {
+            let (buf, lkeys, on_gpu) = &self.local[req as usize];
+            (buf.addr() as u64, *lkeys, *on_gpu)
+        };
         let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
         let (ln, rn) = (self.c.ports.len(), self.rem_members);
         for i in 0..k {
@@ -483,7 +493,8 @@ impl<N: Nic> VerbsSend<N> {
 
 impl<N: Nic> Conn for VerbsSend<N> {
     fn isend(&mut self, data: Lent, tag: i32, mr: Option<&MrInfo>) -> Result<Option<u32>> {
-        self.isend_partial(data, tag, mr, data.len())
+        let len = data.len();
+        self.isend_partial(data, tag, mr, len)
     }
 
     /// A partial send goes eagerly only once all of it is ready (eager messages are small); by
@@ -511,18 +522,17 @@ impl<N: Nic> Conn for VerbsSend<N> {
             Err(e) => Err(self.c.proto(e)),
             Ok(SendPlan::Busy) => self.back_pressure(),
             Ok(SendPlan::Announce { ring_slot, hdr_slot, hdr }) => {
-                self.post_eager(ring_slot, hdr_slot, hdr, (0, [0; MAX_MEMBERS]), KIND_CTRL << KIND_SHIFT, false)?;
+                self.post_eager(ring_slot, hdr_slot, hdr, None, KIND_CTRL << KIND_SHIFT, false)?;
                 self.back_pressure()
             }
             Ok(SendPlan::Eager { req, ring_slot, hdr }) => {
                 let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
                 let on_gpu = path_of(mr) == Path::Gdr;
-                if self.post_eager(ring_slot, req as usize, hdr, (data.addr() as u64, lkeys), wr_id, on_gpu)? {
+                // Lent until its completion: a failover before then writes it again from here.
+                self.local[req as usize] = (data, lkeys, on_gpu);
+                if self.post_eager(ring_slot, req as usize, hdr, Some(req), wr_id, on_gpu)? {
                     // An inline send is complete once posted: its bytes are in the work request.
                     self.eng.on_completion(req, 0);
-                } else {
-                    // Lent until its completion: a failover before then writes it again from here.
-                    self.local[req as usize] = (data.addr() as u64, lkeys, on_gpu);
                 }
                 Ok(Some(req as u32))
             }
@@ -530,7 +540,7 @@ impl<N: Nic> Conn for VerbsSend<N> {
                 // SAFETY: `sizes_off` is inside the SIZES_ENTRY-per-slot buffer (slot < FIFO_DEPTH,
                 // entry < MAX_GROUP), an aligned u64 of our own memory.
                 unsafe { (self.sizes_out.ptr().add(target.sizes_off as usize) as *mut u64).write(size as u64) };
-                self.local[req as usize] = (data.addr() as u64, lkeys, path_of(mr) == Path::Gdr);
+                self.local[req as usize] = (data, lkeys, path_of(mr) == Path::Gdr);
                 self.ready[req as usize] = ready;
                 self.post_rdv(req, ready)?;
                 Ok(Some(req as u32))

@@ -226,12 +226,12 @@ impl<N: Nic> VerbsSend<N> {
                 }
                 (None, Some(req)) => {
                     // Not complete: its buffer is still lent to this send.
-                    let (data, lkeys, on_gpu) = self.local[req as usize];
-                    if self.post_eager(slot, hdr_slot, hdr, (data, lkeys), (KIND_SEND << KIND_SHIFT) | req as u64, on_gpu)? {
+                    let on_gpu = self.local[req as usize].2;
+                    if self.post_eager(slot, hdr_slot, hdr, Some(req), (KIND_SEND << KIND_SHIFT) | req as u64, on_gpu)? {
                         self.eng.on_completion(req, 0);
                     }
                 }
-                (None, None) => self.post_eager(slot, hdr_slot, hdr, (0, [0; MAX_MEMBERS]), KIND_CTRL << KIND_SHIFT, false).map(|_| ())?,
+                (None, None) => self.post_eager(slot, hdr_slot, hdr, None, KIND_CTRL << KIND_SHIFT, false).map(|_| ())?,
             }
         }
         self.post_deferred()
