@@ -321,7 +321,7 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
             }
             1 if recv_live && next_group < ngroups && posted.len() < 8 => {
                 let g = next_group;
-                let bufs: Vec<RecvBuf> = p.groups[g]
+                let mut bufs: Vec<RecvBuf> = p.groups[g]
                     .0
                     .iter()
                     .enumerate()
@@ -333,7 +333,7 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
                     })
                     .collect();
                 let recv = pr.recv.as_mut().unwrap();
-                match shell(|| recv.irecv(&bufs)) {
+                match shell(|| recv.irecv(&mut bufs)) {
                     Ok(Some(slot)) => {
                         posted.push_back((g, slot));
                         next_group += 1;
@@ -375,7 +375,7 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
                             // sizes received) and uses it once the flush is done.
                             let k = p.groups[g].0.len();
                             if p.flush && n == k && (0..k).any(|b| p.recv_gpu[id[g][b]]) {
-                                let bufs: Vec<RecvBuf> = (0..k)
+                                let mut bufs: Vec<RecvBuf> = (0..k)
                                     .map(|b| {
                                         let i = id[g][b];
                                         // SAFETY: the buffer's bytes received, in the receive
@@ -384,7 +384,7 @@ fn schedule(p: &Plan) -> Result<Ran, String> {
                                         RecvBuf { buf, tag: 0, mr: Some(if p.recv_gpu[i] { rmr_gpu } else { rmr }) }
                                     })
                                     .collect();
-                                match shell(|| recv.iflush(&bufs)) {
+                                match shell(|| recv.iflush(&mut bufs)) {
                                     Ok(Some(f)) => {
                                         flushing.push_back((g, f, sz));
                                         continue;
