@@ -381,15 +381,12 @@ pub unsafe fn irecv(
     // The transport takes the buffers: each stays Lent in its request until it is done.
     let slot = c.conn.irecv(posted)?;
     if !ph.is_null() && profile::enabled() {
-        let mut hs = [0usize; MAX_RECVS];
-        for (i, h) in hs.iter_mut().enumerate().take(n as usize) {
-            // SAFETY: a non-NULL `ph` holds `n` handles (the caller's promise).
-            *h = unsafe { *ph.add(i) } as usize;
-        }
+        // SAFETY: a non-NULL `ph` holds `n` handles (the caller's promise), 1 <= n <= MAX_RECVS.
+        let hs = unsafe { std::slice::from_raw_parts(ph as *const *mut c_void, n as usize) };
         // As in isend: NULL handles (NCCL without a profiler plugin) have no events to start.
-        if hs.iter().any(|&h| h != 0) {
+        if hs.iter().any(|h| !h.is_null()) {
             // (Each buffer's size read again from NCCL's array: the transport took the buffers.)
-            c.profile_start(slot, (0..n as usize).map(|i| (size_of(i).unwrap_or(0), profile::Phandle(hs[i]))));
+            c.profile_start(slot, hs.iter().enumerate().map(|(i, &h)| (size_of(i).unwrap_or(0), profile::Phandle(h as usize))));
         }
     }
     drop(c);
