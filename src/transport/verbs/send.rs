@@ -257,8 +257,9 @@ impl<N: Nic> VerbsSend<N> {
     /// inline: the payload was copied at post time, nothing to wait for (if the write is
     /// signaled, to retire the ones before it, its id is a control one).
     /// `src`: the request whose buffer (`local`) is the payload (None: an announcement, a header
-    /// alone); `on_gpu`: the payload is GPU memory, which only the NIC may read (never inline).
-    fn post_eager(&mut self, ring_slot: usize, hdr_slot: usize, h: EagerHdr, src: Option<u16>, wr_id: u64, on_gpu: bool) -> Result<bool> {
+    /// alone); a payload in GPU memory (its `local` says) only the NIC may read (never inline).
+    fn post_eager(&mut self, ring_slot: usize, hdr_slot: usize, h: EagerHdr, src: Option<u16>, wr_id: u64) -> Result<bool> {
+        let on_gpu = src.is_some_and(|r| self.local[r as usize].2);
         let size = if h.flags & EAGER_DATA != 0 { h.size as usize } else { 0 };
         let split = self.eng.ar_split(EAGER_HDR + size);
         let inline = !split && !on_gpu && EAGER_HDR + size <= self.inline_room;
@@ -522,15 +523,14 @@ impl<N: Nic> Conn for VerbsSend<N> {
             Err(e) => Err(self.c.proto(e)),
             Ok(SendPlan::Busy) => self.back_pressure(),
             Ok(SendPlan::Announce { ring_slot, hdr_slot, hdr }) => {
-                self.post_eager(ring_slot, hdr_slot, hdr, None, KIND_CTRL << KIND_SHIFT, false)?;
+                self.post_eager(ring_slot, hdr_slot, hdr, None, KIND_CTRL << KIND_SHIFT)?;
                 self.back_pressure()
             }
             Ok(SendPlan::Eager { req, ring_slot, hdr }) => {
                 let wr_id = (KIND_SEND << KIND_SHIFT) | req as u64;
-                let on_gpu = path_of(mr) == Path::Gdr;
                 // Lent until its completion: a failover before then writes it again from here.
-                self.local[req as usize] = (data, lkeys, on_gpu);
-                if self.post_eager(ring_slot, req as usize, hdr, Some(req), wr_id, on_gpu)? {
+                self.local[req as usize] = (data, lkeys, path_of(mr) == Path::Gdr);
+                if self.post_eager(ring_slot, req as usize, hdr, Some(req), wr_id)? {
                     // An inline send is complete once posted: its bytes are in the work request.
                     self.eng.on_completion(req, 0);
                 }

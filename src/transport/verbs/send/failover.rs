@@ -226,12 +226,11 @@ impl<N: Nic> VerbsSend<N> {
                 }
                 (None, Some(req)) => {
                     // Not complete: its buffer is still lent to this send.
-                    let on_gpu = self.local[req as usize].2;
-                    if self.post_eager(slot, hdr_slot, hdr, Some(req), (KIND_SEND << KIND_SHIFT) | req as u64, on_gpu)? {
+                    if self.post_eager(slot, hdr_slot, hdr, Some(req), (KIND_SEND << KIND_SHIFT) | req as u64)? {
                         self.eng.on_completion(req, 0);
                     }
                 }
-                (None, None) => self.post_eager(slot, hdr_slot, hdr, None, KIND_CTRL << KIND_SHIFT, false).map(|_| ())?,
+                (None, None) => self.post_eager(slot, hdr_slot, hdr, None, KIND_CTRL << KIND_SHIFT).map(|_| ())?,
             }
         }
         self.post_deferred()
