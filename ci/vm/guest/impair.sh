@@ -136,6 +136,7 @@ for imp in "none" "loss 1%" "delay 2ms reorder 5% 50%" "delay 5ms 2ms rate 10gbi
   verbs_env
 done
 impair none
+echo "# qdisc none: the netem impairments are over"  # ci/vm-test.sh reads the last qdisc line before a panic
 # rxe counts the packets its ICRC check dropped; with 0.1 % corruption some must have been.
 for f in /sys/class/infiniband/rxe*/ports/1/hw_counters/rcvd_seq_err /sys/class/infiniband/rxe*/ports/1/hw_counters/*icrc*; do
   [ -e "$f" ] && echo "# $f: $(cat $f)"
