@@ -2,7 +2,7 @@
 """What each connection costs, for rivet and the peer plugins, in one run on the same link.
 
     python3 ci/bench_comms.py [--rounds 3] [--comms 1,16,256,1024] [--bytes 256M] [--lat-iters 1000]
-                              [--peers DIR] [--hog [NICE]] [--warm] [--tcp]
+                              [--peers DIR] [--hog [NICE]] [--warm] [--fixed] [--tcp]
 
 Runs `rivet perf --comms LIST --sizes 1M` (two processes, N send/receive comm pairs between
 them, each N in fresh processes; see README.md) through rivet and through the peer plugins that
@@ -18,7 +18,10 @@ aws-ofi-nccl over libfabric's tcp provider (NCCL's IB transport needs an RDMA de
 Prints, per plugin and N, the median over the rounds of every column; `--hog` adds one busy loop
 per guest vCPU (the tail under contention); `--warm` passes `rivet perf --warm` (each process
 connects one pair, untimed, before the timed ones: the setup column without what a process pays
-at its first connection). All rows: target/vm/comms.log (or target/comms-tcp.log).
+at its first connection); `--fixed` turns address-space randomization off in the guest and runs
+each plugin once, untimed, before the rounds (the emulator translates a new process's code on
+its first run unless it sits where the last one's did: the first connection without that cost,
+which hardware does not have). All rows: target/vm/comms.log (or target/comms-tcp.log).
 """
 import argparse, os, re, shutil, statistics, subprocess, sys
 from benchlib import make_share
@@ -81,6 +84,7 @@ def main():
     ap.add_argument("--peers", help="directory with the built peer plugins (../shared/peers/build.sh's out/)")
     ap.add_argument("--hog", nargs="?", type=int, const=19, metavar="NICE")
     ap.add_argument("--warm", action="store_true", help="rivet perf --warm: an untimed first pair in each process")
+    ap.add_argument("--fixed", action="store_true", help="address-space randomization off in the guest, each plugin run once untimed first (comms.sh says why)")
     ap.add_argument("--tcp", action="store_true", help="loopback TCP on this host instead of verbs in the VM")
     ap.add_argument("--mem", default="4G", help="guest memory")
     a = ap.parse_args()
@@ -100,6 +104,7 @@ def main():
     print(f"# rivet perf --comms {a.comms} --sizes 1M --bytes {a.bytes} --lat-iters {a.lat_iters}, {where}, "
           f"median of {a.rounds} rounds" + (f", one busy loop per vCPU at nice {a.hog}" if a.hog is not None else "")
           + (", after an untimed first pair (--warm)" if a.warm else "")
+          + (", fixed addresses after an untimed run per plugin (--fixed)" if a.fixed else "")
           + f" (all rows: {os.path.relpath(path, ROOT)})")
     for p, h in headers.items():
         print(f"# {p}: {h}")
@@ -129,6 +134,8 @@ def vm_rounds(a, peers):
         args.append(f"hog:{a.hog}")
     if a.warm:
         args.append("warm")
+    if a.fixed:
+        args.append("fixed")
     out = subprocess.run([os.path.join(ROOT, "ci/vm/run-vm.sh"), "--share", share, "--mtu", "9000", "--mem", a.mem,
                           "--timeout", "7200"] + args, cwd=ROOT, capture_output=True, text=True)
     log = out.stdout + out.stderr

@@ -7,19 +7,25 @@
 # verbs provider), with the settings ../shared/peers/README.md gives for Soft-RoCE. Rank 0 is on
 # rxe0, rank 1 on rxe1. The plugins take turns going first. Output: each plugin's lines prefixed
 # with its name (rivet, nccl-ib, nccl-ib-32, ofi), and ROUND lines.
-# Usage: comms.sh ROUNDS LIST BYTES LAT_ITERS [hog|hog:NICE] [warm]
+# Usage: comms.sh ROUNDS LIST BYTES LAT_ITERS [hog|hog:NICE] [warm] [fixed]
 #   hog: one busy loop per vCPU at nice 19 (hog:NICE at that niceness) for the whole run
 #   warm: `rivet perf --warm` (an untimed first pair before the timed ones)
+#   fixed: address-space randomization off, and each plugin run once, untimed, before the rounds.
+#     The emulator (TCG) translates a process's code when it first runs it, keyed by its
+#     addresses: with them fixed, a new process reuses the translation of the last one, and its
+#     first connection costs what it would on hardware (no translation) plus its own first
+#     steps (page faults, the kernel's first objects), not what the emulator pays per process.
 . /guest/lib.sh
 cd /mnt/host || exit 2
 rounds=${1:-3} list=${2:-1,16,256,1024} bytes=${3:-256M} lat=${4:-1000}
 G=${RXE0_GID_INDEX:-1}
-NICE= WARM=
-for w in "${5:-}" "${6:-}"; do
+NICE= WARM= FIXED=
+for w in "${5:-}" "${6:-}" "${7:-}"; do
   case $w in
     hog) NICE=19 ;;
     hog:*) NICE=${w#hog:} ;;
     warm) WARM=--warm ;;
+    fixed) FIXED=1 ;;
   esac
 done
 plugins=rivet
@@ -32,7 +38,7 @@ if [ -f peers/libnccl-net-ofi.so ]; then
   $IP link add nid0 type veth peer name nid1 && $IP addr add 10.9.0.1/24 dev nid0 &&
     $IP addr add 10.9.0.2/24 dev nid1 && $IP link set nid0 up && $IP link set nid1 up || exit 1
 fi
-echo "COMMS info plugins=$plugins list=$list bytes=$bytes lat_iters=$lat gid=$G${WARM:+ warm}"
+echo "COMMS info plugins=$plugins list=$list bytes=$bytes lat_iters=$lat gid=$G${WARM:+ warm}${FIXED:+ fixed}"
 if [ -n "$NICE" ]; then
   start_hogs "$NICE"
   echo "COMMS info cpu_hog=$(nproc) nice=$NICE"
@@ -52,6 +58,10 @@ one() {
   esac
   "$@" --dev 0,1 --comms "$list" $WARM --sizes 1M --bytes "$bytes" --lat-iters "$lat" 2>&1 | sed "s/^/$name /"
 }
+if [ -n "$FIXED" ]; then
+  echo 0 > /proc/sys/kernel/randomize_va_space || exit 1
+  for p in $plugins; do one $p > /dev/null; done
+fi
 r=1
 while [ $r -le "$rounds" ]; do
   echo "ROUND $r"

@@ -15,6 +15,7 @@ use ifaces::Iface;
 use sock::Io;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
+use crate::log::Steps;
 use std::time::{Duration, Instant};
 
 pub fn random_u64() -> u64 {
@@ -46,6 +47,8 @@ struct Group {
     since: Instant,
     ack: [u8; ACK_SIZE],
     ack_sent: usize,
+    /// From the first stream's TCP connection accepted.
+    steps: Steps,
 }
 
 /// Most half-open connections a listen comm keeps; beyond this the oldest is dropped.
@@ -108,6 +111,9 @@ pub struct Link {
     pub fds: Vec<OwnedFd>,
     pub peer: SocketAddr,
     pub min_chunk: usize,
+    /// The setup's steps so far (timed with `NCCL_DEBUG=INFO`): the transport carries them on
+    /// to its connection's INFO line.
+    pub steps: Steps,
 }
 
 pub struct Listener {
@@ -228,6 +234,7 @@ impl Listener {
                     since: p.since,
                     ack: proto::encode_ack(h.conn_id, proto::ACK_OK),
                     ack_sent: 0,
+                    steps: Steps::since(Some(p.since)),
                 });
                 self.groups.len() - 1
             }
@@ -238,6 +245,9 @@ impl Listener {
             Some(s) if s.is_none() && consistent => {
                 *s = Some(p.fd);
                 g.have += 1;
+                if g.have == g.streams.len() {
+                    g.steps.mark("hello");
+                }
             }
             _ => self.reject(&p, &format!("duplicate or inconsistent stream {} of {}", h.stream, h.nstreams)),
         }
@@ -274,12 +284,13 @@ impl Listener {
         if g.ack_sent < ACK_SIZE {
             return Ok(None);
         }
-        let g = self.groups.swap_remove(gi);
+        let mut g = self.groups.swap_remove(gi);
         let fds: Vec<OwnedFd> = g.streams.into_iter().map(|s| s.unwrap()).collect();
         for fd in &fds {
             sock::tune(fd, self.timeout);
         }
-        Ok(Some(Link { fds, peer: g.peer, min_chunk: g.min_chunk }))
+        g.steps.mark("ack");
+        Ok(Some(Link { fds, peer: g.peer, min_chunk: g.min_chunk, steps: g.steps }))
     }
 }
 
@@ -302,10 +313,14 @@ pub struct Connector {
     /// Polls that did not finish (the deadline is looked at every 16th: the clock can be a
     /// system call, and a thousand connects set up together are each polled over and over).
     polls: u32,
+    /// From the connect's first call; `connected`: whether its TCP step is marked yet.
+    steps: Steps,
+    connected: bool,
 }
 
 impl Connector {
     pub fn new(h: &Handle, nstreams: usize, min_chunk: usize, timeout: Duration) -> Result<Connector> {
+        let steps = Steps::start();
         let conn_id = random_u64();
         let mut streams = Vec::with_capacity(nstreams);
         let mut hellos = Vec::with_capacity(nstreams);
@@ -327,6 +342,8 @@ impl Connector {
             deadline: Instant::now() + timeout,
             timeout,
             polls: 0,
+            steps,
+            connected: false,
         })
     }
 
@@ -353,6 +370,11 @@ impl Connector {
             }
         }
         if self.streams.iter().all(|(_, st)| matches!(st, Stage::Done)) {
+            if !self.connected {
+                // Connected, and every hello written into the socket.
+                self.connected = true;
+                self.steps.mark("TCP and hello");
+            }
             let fd0 = std::os::fd::AsRawFd::as_raw_fd(&self.streams[0].0);
             let got = self.ack_got;
             // SAFETY: `got = self.ack_got <= ACK_SIZE`, so `ack + got` is within `self.ack` (at
@@ -376,7 +398,8 @@ impl Connector {
                         for fd in &fds {
                             sock::tune(fd, self.timeout);
                         }
-                        Ok(Some(Link { fds, peer, min_chunk: self.min_chunk }))
+                        self.steps.mark("ack");
+                        Ok(Some(Link { fds, peer, min_chunk: self.min_chunk, steps: self.steps }))
                     }
                     Some((_, proto::ACK_BAD_MAGIC)) => Err(Error::usage(format!(
                         "the listener at {peer} rejected our handle: its magic does not match that listen comm (a stale handle, or one meant for another listen call)"

@@ -109,8 +109,7 @@ pub struct Setup {
     nqps: usize,
     tc: u8,
     sl: u8,
-    /// What our metadata says (the receiver's ECE replies are added once its queue pairs are
-    /// connected, and `out` encoded again).
+    /// Our metadata (the receiver's ECE replies added once its queue pairs connect, `out` redone).
     meta: Option<Meta>,
     /// The sender's parts per rendezvous message (NCCL_IB_SPLIT_DATA_ON_QPS), told the receiver.
     parts: usize,
@@ -118,8 +117,8 @@ pub struct Setup {
     ece: Vec<Option<crate::proto::verbs::Ece>>,
     /// This side's members whose port was down at setup (bit m), as our metadata says.
     down: u8,
-    /// The queue pairs left in INIT for a member down here or at the peer (`fuse::born_down`),
-    /// and the members, for the comm's record.
+    /// The queue pairs left in INIT for a member down here or at the peer (`fuse::born_down`), and
+    /// the members, for the comm's record.
     born_down: u32,
     born_why: String,
     /// Every queue pair on a member down at setup (the members named): connected all the same.
@@ -128,6 +127,8 @@ pub struct Setup {
     timeout: Duration,
     /// Polls that found nothing to do (the deadline is looked at every LATE_EVERY of them).
     idle_polls: u32,
+    /// The setup's steps (timed with NCCL_DEBUG=INFO), for the connection's INFO line.
+    steps: crate::log::Steps,
 }
 
 /// Idle setup polls between two looks at the clock, which can be a system call: a thousand
@@ -157,6 +158,7 @@ impl Setup {
         s.parts = if cfg.ib_split_data_on_qps { nqps } else { ports.len().max(rem_members).min(nqps) };
         (s.tc, s.sl) = sender_qos(cfg.ib_tc, cfg.ib_sl, traffic_class);
         s.create_local()?;
+        s.steps.mark("queue pairs made");
         s.step = Step::Exchange;
         Ok(s)
     }
@@ -197,6 +199,7 @@ impl Setup {
             deadline: Instant::now() + timeout,
             timeout,
             idle_polls: 0,
+            steps: link.steps,
         }
     }
 
@@ -571,8 +574,11 @@ impl Setup {
                             );
                         }
                     }
+                    self.steps.mark("peer's metadata");
                     self.create_local()?;
+                    self.steps.mark("queue pairs made");
                     self.connect_qps(&m)?;
+                    self.steps.mark("queue pairs connected");
                     self.peer_meta = Some(m);
                     self.step = Step::Exchange;
                 }
@@ -582,10 +588,13 @@ impl Setup {
                     }
                     if self.send {
                         let Some(m) = self.read_meta()? else { return self.fail_if_late().map(|_| None) };
+                        self.steps.mark("metadata exchanged");
                         self.connect_qps(&m)?;
+                        self.steps.mark("queue pairs connected");
                         self.peer_meta = Some(m);
                         self.step = Step::SendReady;
                     } else {
+                        self.steps.mark("metadata sent");
                         self.step = Step::WaitReady;
                     }
                 }
@@ -615,6 +624,7 @@ impl Setup {
     }
 
     fn finish(&mut self) -> DataPath {
+        self.steps.mark("ready");
         let p = self.ports[0];
         let m = self.peer_meta.take().unwrap();
         let qps = self.connected.take().unwrap();
@@ -629,7 +639,7 @@ impl Setup {
         };
         log::info!(
             target: crate::log::INIT,
-            "NET/rivet: {} {} over {}{} -> {} {}:{}{} with {} QP(s){}, MTU {mtu}, TC {}, SL {}{}{ar}",
+            "NET/rivet: {} {} over {}{} -> {} {}:{}{} with {} QP(s){}, MTU {mtu}, TC {}, SL {}{}{ar}{}",
             if self.send { "connected to" } else { "accepted from" },
             self.peer,
             p.describe(),
@@ -642,7 +652,8 @@ impl Setup {
             if ln > 1 || rn > 1 { " striped over the members" } else { "" },
             if self.send { self.tc } else { receiver_tc(cfg.ib_fifo_tc, p.is_roce(), m.tc) },
             if self.send { self.sl } else { m.sl },
-            ece::describe(&self.ece)
+            ece::describe(&self.ece),
+            self.steps.describe()
         );
         let qpns: Vec<u32> = qps.iter().map(|q| q.qp().qpn()).collect();
         let mut c = Common::<nic::Verbs>::new(self.ports, self.peer, fd, &qpns, std::mem::take(&mut self.links), conn::Settings::from_config());
