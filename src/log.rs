@@ -20,7 +20,7 @@ pub fn hostname() -> String {
 }
 
 /// The steps of one connection's setup and when each ended, for its INFO line ("connected to
-/// ... in 35.2 ms: TCP 1.0, hello 0.4, ..."): where a slow job start goes, per connection. The
+/// ... in 35.2 ms (TCP and hello 3.6, ack 3.8, ...)"): where a slow job start goes. The
 /// clock is read only when that line will be written (`NCCL_DEBUG=INFO`): in a VM or a container
 /// without a vDSO clock each read is a system call, and a job connects hundreds of comms.
 #[derive(Clone, Copy, Debug, Default)]
@@ -55,7 +55,7 @@ impl Steps {
         }
     }
 
-    /// " in 35.2 ms (TCP 1.0, hello 0.4, ...)": the whole and each step's own share, in ms; empty
+    /// " in 35.2 ms (TCP and hello 3.6, ...)": the whole and each step's own share, in ms; empty
     /// when not timed.
     pub fn describe(&self) -> String {
         let Some(t0) = self.t0 else { return String::new() };
