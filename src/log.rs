@@ -20,8 +20,8 @@ pub fn hostname() -> String {
 }
 
 /// The steps of one connection's setup and when each ended, for its INFO line ("connected to
-/// ... in 35.2 ms (TCP and hello 3.6, ack 3.8, ...)"): where a slow job start goes. The
-/// clock is read only when that line will be written (`NCCL_DEBUG=INFO`): in a VM or a container
+/// ... in 35.2 ms (TCP and hello 3.6, ack 3.8, ...)"): where a slow job start goes. Its steps
+/// read the clock only when that line will be written (`NCCL_DEBUG=INFO`): in a VM or a container
 /// without a vDSO clock each read is a system call, and a job connects hundreds of comms.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Steps {
@@ -34,15 +34,11 @@ pub struct Steps {
 const STEPS: usize = 10;
 
 impl Steps {
-    /// Timing from now, if the connection's INFO line will be written.
-    pub fn start() -> Steps {
-        Steps::since(None)
-    }
-
-    /// Timing from `t0` (a time the caller took anyway), or from now when None.
-    pub fn since(t0: Option<std::time::Instant>) -> Steps {
+    /// Timing from `t0` (a time the caller takes anyway: no clock is read here), if the
+    /// connection's INFO line will be written.
+    pub fn since(t0: std::time::Instant) -> Steps {
         let on = log::log_enabled!(target: INIT, log::Level::Info);
-        Steps { t0: on.then(|| t0.unwrap_or_else(std::time::Instant::now)), ..Steps::default() }
+        Steps { t0: on.then_some(t0), ..Steps::default() }
     }
 
     /// Step `what` ended now.

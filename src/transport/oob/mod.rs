@@ -234,7 +234,7 @@ impl Listener {
                     since: p.since,
                     ack: proto::encode_ack(h.conn_id, proto::ACK_OK),
                     ack_sent: 0,
-                    steps: Steps::since(Some(p.since)),
+                    steps: Steps::since(p.since),
                 });
                 self.groups.len() - 1
             }
@@ -313,14 +313,13 @@ pub struct Connector {
     /// Polls that did not finish (the deadline is looked at every 16th: the clock can be a
     /// system call, and a thousand connects set up together are each polled over and over).
     polls: u32,
-    /// From the connect's first call; `connected`: whether its TCP step is marked yet.
+    /// From the connect's first call.
     steps: Steps,
-    connected: bool,
 }
 
 impl Connector {
     pub fn new(h: &Handle, nstreams: usize, min_chunk: usize, timeout: Duration) -> Result<Connector> {
-        let steps = Steps::start();
+        let now = Instant::now();
         let conn_id = random_u64();
         let mut streams = Vec::with_capacity(nstreams);
         let mut hellos = Vec::with_capacity(nstreams);
@@ -339,11 +338,10 @@ impl Connector {
             hellos,
             ack: [0; ACK_SIZE],
             ack_got: 0,
-            deadline: Instant::now() + timeout,
+            deadline: now + timeout,
             timeout,
             polls: 0,
-            steps,
-            connected: false,
+            steps: Steps::since(now),
         })
     }
 
@@ -351,6 +349,7 @@ impl Connector {
     /// acknowledged the connection.
     pub fn poll(&mut self) -> Result<Option<Link>> {
         let peer = self.peer;
+        let mut hellos_done = false;
         for (i, (fd, st)) in self.streams.iter_mut().enumerate() {
             if let Stage::Connecting = st {
                 if !sock::connect_done(fd, &peer)? {
@@ -366,13 +365,13 @@ impl Connector {
                 }
                 if *sent == HELLO_SIZE {
                     *st = Stage::Done;
+                    hellos_done = true;
                 }
             }
         }
         if self.streams.iter().all(|(_, st)| matches!(st, Stage::Done)) {
-            if !self.connected {
-                // Connected, and every hello written into the socket.
-                self.connected = true;
+            if hellos_done {
+                // Connected, and the last hello written into its socket in this call.
                 self.steps.mark("TCP and hello");
             }
             let fd0 = std::os::fd::AsRawFd::as_raw_fd(&self.streams[0].0);
