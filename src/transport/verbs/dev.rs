@@ -44,6 +44,9 @@ pub struct IbDevice {
     /// When the events were last drained from an idle path (coarse clock, ms): every comm of the
     /// device calls, and once per EVENTS_EVERY is enough for all of them.
     events_polled: std::sync::atomic::AtomicU64,
+    /// The device answered an ECE call "not supported" (or libibverbs lacks the calls): later
+    /// queue pairs are not asked again (`res::EceOn`).
+    pub no_ece: std::sync::atomic::AtomicBool,
 }
 
 /// `IBV_QPF_GRH_REQUIRED` of `ibv_port_attr.flags` (verbs.h; not in the bindings' headers).
@@ -597,6 +600,7 @@ fn open_device(
         port_errs: AtomicU32::new(0),
         watch_events: std::sync::atomic::AtomicBool::new(false),
         events_polled: std::sync::atomic::AtomicU64::new(0),
+        no_ece: std::sync::atomic::AtomicBool::new(false),
     });
     // Asynchronous events are polled, never waited for.
     // SAFETY: `ctx` is the non-null ibv_context from ibv_open_device, now held by `dev` and never

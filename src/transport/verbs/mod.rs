@@ -14,6 +14,7 @@ pub mod ece;
 pub mod fuse;
 pub mod mr;
 pub mod nic;
+mod pool;
 mod post;
 pub mod recv;
 pub mod reg;
@@ -35,6 +36,7 @@ pub use device::VerbsDevice;
 use recv::VerbsRecv;
 use send::{Ring, VerbsSend};
 use dev::{mtu_bytes, IbDevice, IbPort};
+use pool::Held;
 use res::{Cq, PathParams, QpCaps, QpInit, QpRts, RegBuf, RemoteQp};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -69,8 +71,8 @@ fn join(v: &[u8]) -> String {
 
 /// Local resources of a connection before its QPs are connected.
 enum Local {
-    Send { qps: Vec<QpInit>, cqs: Vec<Cq>, mem: [RegBuf; 2], parts: send::Parts },
-    Recv { qps: Vec<QpInit>, cqs: Vec<Cq>, mem: [RegBuf; 2], parts: recv::Parts },
+    Send { qps: Vec<QpInit>, cqs: Vec<Cq>, mem: [Held; 2], parts: send::Parts },
+    Recv { qps: Vec<QpInit>, cqs: Vec<Cq>, mem: [Held; 2], parts: recv::Parts },
 }
 
 enum Step {
@@ -215,17 +217,12 @@ impl Setup {
         // them. The port's state now (after its events): one that flapped and is ACTIVE again
         // connects. A single port is not asked (a device query per connection): down, it leaves
         // nothing to start on, and its queue pairs are connected as they always were.
-        self.down = if ln == 1 {
-            0
-        } else {
-            (0..ln)
-                .filter(|&m| {
-                    use nic::NicPort;
-                    ps[m].poll_events();
-                    ps[m].state().is_some_and(|s| s != "ACTIVE")
-                })
-                .fold(0u8, |d, m| d | 1 << m)
+        let down = |m: usize| {
+            use nic::NicPort;
+            ps[m].poll_events();
+            ps[m].state().is_some_and(|s| s != "ACTIVE")
         };
+        self.down = if ln == 1 { 0 } else { (0..ln).filter(|&m| down(m)).fold(0u8, |d, m| d | 1 << m) };
         // One CQ per member (a CQ belongs to one device), holding its queue pairs' completions.
         let on = |m: usize| (0..nq).filter(|&q| fuse::member_of(q, ln) == m).count() as u32;
         let (local, fifo_addr, qpns) = if self.send {
@@ -236,18 +233,18 @@ impl Setup {
                     QpInit::new(ps[m], &cqs[m], caps(depths.send_sq, 1, conn::SEND_INLINE), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey)
                 })
                 .collect::<Result<Vec<_>>>()?;
-            // Two registrations: what the receiver writes (the CTS FIFO, sized for its members'
-            // keys, and after it the credit word), and what only this side's work requests read
-            // (the sizes staged for the receiver's sizes FIFO, the eager headers), so that a
-            // stray remote write fails instead of landing there. Each on every member.
+            // What the receiver writes (the CTS FIFO for its members' keys, then the credit word):
+            // a registration of its own; what only this side's work requests read (the sizes
+            // staged for the receiver's FIFO, the eager headers): leased from a slab without
+            // remote access (`pool`), so a stray remote write fails. Each on every member.
             let fifo_len = fifo_bytes(self.rem_members) + 64;
             let (remote, [fifo]) = RegBuf::carve(&devs, [fifo_len], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)?;
-            let (local, [sizes_out, hdrs]) = RegBuf::carve(&devs, [FIFO_DEPTH * SIZES_ENTRY, conn::HDRS_BYTES], 0)?;
+            let (local, [sizes_out, hdrs]) = pool::carve(&devs, [FIFO_DEPTH * SIZES_ENTRY, conn::HDRS_BYTES])?;
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
             let mut on = res::EceOn::new(qps.iter().map(|q| q.qp()), ps);
             self.ece = ece::offer(&mut on, nq, cfg.ib_ece).map_err(|f| self.ece_failed(f))?;
             let keys: [u32; MAX_MEMBERS] = std::array::from_fn(|m| if m < ln { fifo.rkey_on(m) } else { 0 });
-            (Local::Send { qps, cqs, mem: [remote, local], parts: send::Parts { fifo, sizes_out, hdrs } }, (fifo.addr(), keys), qpns)
+            (Local::Send { qps, cqs, mem: [Held::Own(remote), Held::Leased(local)], parts: send::Parts { fifo, sizes_out, hdrs } }, (fifo.addr(), keys), qpns)
         } else {
             let cqs = (0..ln).map(|m| Cq::new(&ps[m].dev, depths.recv_cq(on(m)) as usize)).collect::<Result<Vec<_>>>()?;
             let qps = (0..nq)
@@ -258,18 +255,18 @@ impl Setup {
                     QpInit::new(ps[m], &cqs[m], caps(depths.recv_sq, depths.recv_rq, inline), IBV_ACCESS_REMOTE_WRITE, cfg.ib_pkey)
                 })
                 .collect::<Result<Vec<_>>>()?;
-            // Two registrations: what the sender writes (the eager ring, the sizes FIFO), and what
-            // only this side uses (the CTS entries staged for the sender's FIFO, the scratch word
-            // of flush reads and credit writes). Each on every member.
+            // What the sender writes (the eager ring, the sizes FIFO): its own registration; what
+            // only this side uses (the CTS entries staged, the scratch word of flush reads and
+            // credit writes): leased (`pool`). Each on every member.
             let (remote, [ring, sizes_in]) = RegBuf::carve(
                 &devs,
                 [conn::RING_SLOTS * conn::slot_bytes(cfg.ib_eager_max), FIFO_DEPTH * SIZES_ENTRY],
                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
             )?;
-            let (local, [cts_out, scratch]) = RegBuf::carve(&devs, [recv::cts_stage_bytes(ln), 64], IBV_ACCESS_LOCAL_WRITE)?;
+            let (local, [cts_out, scratch]) = pool::carve(&devs, [recv::cts_stage_bytes(ln), 64])?;
             let qpns = qps.iter().map(|q| q.qp().qpn()).collect();
             let keys: [u32; MAX_MEMBERS] = std::array::from_fn(|m| if m < ln { sizes_in.rkey_on(m) } else { 0 });
-            (Local::Recv { qps, cqs, mem: [remote, local], parts: recv::Parts { cts_out, sizes_in, ring, scratch } }, (sizes_in.addr(), keys), qpns)
+            (Local::Recv { qps, cqs, mem: [Held::Own(remote), Held::Leased(local)], parts: recv::Parts { cts_out, sizes_in, ring, scratch } }, (sizes_in.addr(), keys), qpns)
         };
         let (ring_addr, ring_keys, ring_slots, eager_max) = match &local {
             Local::Recv { parts, .. } => {

@@ -8,7 +8,7 @@
 //! buffers the shells only see as addresses and keys.
 
 use super::dev::IbPort;
-use super::res::{Cq, Link, QpRts, RegBuf};
+use super::res::{Cq, Link, QpRts};
 use crate::error::Result;
 use crate::gpu::cuda;
 use crate::gpu::staging::{Copier, CudaCopier};
@@ -153,7 +153,7 @@ impl Nic for Verbs {
     type Port = IbPort;
     type Qp = QpRts;
     type Cq = Cq;
-    type Mem = RegBuf;
+    type Mem = super::pool::Held;
     type Gpu = CudaCopier;
 
     fn gpu_of(addr: usize) -> Result<i32> {

@@ -145,22 +145,33 @@ impl<'a> EceOn<'a> {
 }
 
 impl super::ece::Ops for EceOn<'_> {
-    fn query(&mut self, q: usize) -> std::result::Result<Option<crate::proto::verbs::Ece>, i32> {
+    fn query(&mut self, q: usize) -> std::result::Result<Option<crate::proto::verbs::Ece>, c_int> {
         let (qp, port) = self.qps[q];
-        let r = qp.query_ece();
-        if let Ok(None) = r {
-            super::ece::note_unsupported(&port.dev.name, if v().query_ece.is_none() { "libibverbs has no ibv_query_ece" } else { "ibv_query_ece: not supported" });
-        }
-        r
+        ece_unless_unsupported(port, || qp.query_ece(), if v().query_ece.is_none() { "libibverbs has no ibv_query_ece" } else { "ibv_query_ece: not supported" })
     }
-    fn set(&mut self, q: usize, e: crate::proto::verbs::Ece) -> std::result::Result<Option<crate::proto::verbs::Ece>, i32> {
+    fn set(&mut self, q: usize, e: crate::proto::verbs::Ece) -> std::result::Result<Option<crate::proto::verbs::Ece>, c_int> {
         let (qp, port) = self.qps[q];
-        let r = qp.set_ece(e);
-        if let Ok(None) = r {
-            super::ece::note_unsupported(&port.dev.name, if v().set_ece.is_none() { "libibverbs has no ibv_set_ece" } else { "ibv_set_ece: not supported" });
-        }
-        r
+        ece_unless_unsupported(port, || qp.set_ece(e), if v().set_ece.is_none() { "libibverbs has no ibv_set_ece" } else { "ibv_set_ece: not supported" })
     }
+}
+
+/// `call`, unless `port`'s device already said it has no ECE (one system call per queue pair
+/// saved on every later connection); its first "not supported" is remembered and logged once.
+fn ece_unless_unsupported(
+    port: &IbPort,
+    call: impl FnOnce() -> std::result::Result<Option<crate::proto::verbs::Ece>, c_int>,
+    why: &str,
+) -> std::result::Result<Option<crate::proto::verbs::Ece>, c_int> {
+    use std::sync::atomic::Ordering::Relaxed;
+    if port.dev.no_ece.load(Relaxed) {
+        return Ok(None);
+    }
+    let r = call();
+    if let Ok(None) = r {
+        port.dev.no_ece.store(true, Relaxed);
+        super::ece::note_unsupported(&port.dev.name, why);
+    }
+    r
 }
 
 impl Drop for Qp {
