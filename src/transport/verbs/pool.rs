@@ -3,8 +3,8 @@
 //! scratch word), carved out of slabs that the connections on the same device (or the same fused
 //! members) share. A connection then registers only what its peer writes into, on its own so that
 //! a stray remote write fails instead of landing in another connection's memory: two
-//! registrations a pair of comms instead of four (registration is a system call that pins pages,
-//! much of a connection's setup at hundreds of comms; docs/benchmarks.md). The slabs have local
+//! registrations a pair of comms instead of four (each a system call that pins pages and takes
+//! one of the NIC's memory regions; docs/benchmarks.md measured setup with it). The slabs have local
 //! access only (`IBV_ACCESS_LOCAL_WRITE`, for the flush reads into the scratch word): no peer
 //! can write into them. A slab grows with the number of connections (16 KiB, doubling up to 256
 //! KiB) and is deregistered when its last piece is given back.
