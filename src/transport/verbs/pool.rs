@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::sys::ib::IBV_ACCESS_LOCAL_WRITE;
 use std::sync::Mutex;
 
-/// Pieces are carved in units of this many bytes (the alignment [`RegBuf::carve`] gives too).
+/// Slabs are leased in units of this many bytes (the alignment of `res::pieces`).
 const UNIT: usize = 64;
 /// The first slab of a device set; each later one twice the last, up to [`MAX_SLAB`].
 const FIRST_SLAB: usize = 16 << 10;
@@ -114,13 +114,8 @@ pub enum Held {
 /// connections on the same devices. The pieces name the slab's memory: keep the lease until they
 /// are no longer used.
 pub fn carve<const N: usize>(devs: &[&IbDevice], lens: [usize; N]) -> Result<(Lease, [Part; N])> {
-    let mut offs = [0usize; N];
-    let mut end = 0;
-    for (o, l) in offs.iter_mut().zip(lens) {
-        *o = end;
-        end = (end + l).next_multiple_of(UNIT);
-    }
-    let n = (end / UNIT).max(1);
+    let (offs, end) = super::res::pieces(lens);
+    let n = end.div_ceil(UNIT).max(1);
     let key: Vec<usize> = devs.iter().map(|d| *d as *const IbDevice as usize).collect();
     let mut s = slabs();
     let found = s.all.iter().enumerate().filter(|(_, x)| x.devs == key).find_map(|(i, x)| x.units.find(n).map(|at| (i, at)));
@@ -145,10 +140,7 @@ pub fn carve<const N: usize>(devs: &[&IbDevice], lens: [usize; N]) -> Result<(Le
     // Zeroed, as a fresh registration is: an earlier lease may have written them.
     // SAFETY: as above, `n * UNIT` bytes from `base` are this lease's.
     unsafe { std::ptr::write_bytes(base, 0, n * UNIT) };
-    let mut keys = [(0u32, 0u32); super::fuse::MAX_MEMBERS];
-    for (k, m) in keys.iter_mut().zip(&slab.reg.mrs) {
-        *k = (m.lkey(), m.rkey());
-    }
+    let keys = slab.reg.keys();
     // SAFETY: each offset plus its length is within the lease's `n * UNIT` bytes, which stay
     // registered under these keys until the lease is dropped.
     let parts = std::array::from_fn(|k| unsafe { Part::from_raw(base.add(offs[k]), lens[k], keys) });

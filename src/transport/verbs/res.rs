@@ -527,21 +527,34 @@ impl RegBuf {
     /// rounding per piece).
     /// The pieces name memory of the RegBuf: keep it until they are no longer used.
     pub fn carve<const N: usize>(devs: &[&IbDevice], lens: [usize; N], access: u32) -> Result<(RegBuf, [Part; N])> {
-        let mut offs = [0usize; N];
-        let mut end = 0;
-        for (o, l) in offs.iter_mut().zip(lens) {
-            *o = end;
-            end = (end + l).next_multiple_of(64);
-        }
+        let (offs, end) = pieces(lens);
         let r = RegBuf::new(devs, end, access)?;
-        let mut keys = [(0u32, 0u32); MAX_MEMBERS];
-        for (k, m) in keys.iter_mut().zip(&r.mrs) {
-            *k = (m.lkey(), m.rkey());
-        }
+        let keys = r.keys();
         // SAFETY: each offset plus its length is within the `end` bytes the buffer holds.
         let parts = std::array::from_fn(|i| Part { ptr: unsafe { r.buf.ptr().add(offs[i]) }, len: lens[i], keys });
         Ok((r, parts))
     }
+
+    /// The (lkey, rkey) of its registration on each member.
+    pub fn keys(&self) -> [(u32, u32); MAX_MEMBERS] {
+        let mut keys = [(0u32, 0u32); MAX_MEMBERS];
+        for (k, m) in keys.iter_mut().zip(&self.mrs) {
+            *k = (m.lkey(), m.rkey());
+        }
+        keys
+    }
+}
+
+/// Pieces of the given lengths laid end to end, each 64-byte aligned: their offsets and the
+/// bytes they take in all.
+pub fn pieces<const N: usize>(lens: [usize; N]) -> ([usize; N], usize) {
+    let mut offs = [0usize; N];
+    let mut end = 0;
+    for (o, l) in offs.iter_mut().zip(lens) {
+        *o = end;
+        end = (end + l).next_multiple_of(64);
+    }
+    (offs, end)
 }
 
 /// A piece of a registered region ([`RegBuf::carve`]): its address and its keys on each member.
