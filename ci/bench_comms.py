@@ -2,7 +2,7 @@
 """What each connection costs, for rivet and the peer plugins, in one run on the same link.
 
     python3 ci/bench_comms.py [--rounds 3] [--comms 1,16,256,1024] [--bytes 256M] [--lat-iters 1000]
-                              [--peers DIR] [--hog [NICE]] [--warm] [--fixed] [--tcp]
+                              [--peers DIR] [--base LIB] [--hog [NICE]] [--warm] [--fixed] [--tcp]
 
 Runs `rivet perf --comms LIST --sizes 1M` (two processes, N send/receive comm pairs between
 them, each N in fresh processes; see README.md) through rivet and through the peer plugins that
@@ -21,7 +21,9 @@ connects one pair, untimed, before the timed ones: the setup column without what
 at its first connection); `--fixed` turns address-space randomization off in the guest and runs
 each plugin once, untimed, before the rounds (the emulator translates a new process's code on
 its first run unless it sits where the last one's did: the first connection without that cost,
-which hardware does not have). All rows: target/vm/comms.log (or target/comms-tcp.log).
+which hardware does not have). `--base LIB` adds another rivet build (e.g. the last commit's
+libnccl_net_rivet.so, copied aside before building this one) as plugin rivet-base, taking turns
+with the others in the same run: a change measured against what it changes. All rows: target/vm/comms.log (or target/comms-tcp.log).
 """
 import argparse, os, re, shutil, statistics, subprocess, sys
 from benchlib import make_share
@@ -82,6 +84,7 @@ def main():
     ap.add_argument("--bytes", default="256M", help="bytes per bandwidth run (at least one 1 MiB message per comm)")
     ap.add_argument("--lat-iters", type=int, default=1000)
     ap.add_argument("--peers", help="directory with the built peer plugins (../shared/peers/build.sh's out/)")
+    ap.add_argument("--base", metavar="LIB", help="another rivet library, run as rivet-base in the same rounds (verbs only)")
     ap.add_argument("--hog", nargs="?", type=int, const=19, metavar="NICE")
     ap.add_argument("--warm", action="store_true", help="rivet perf --warm: an untimed first pair in each process")
     ap.add_argument("--fixed", action="store_true", help="address-space randomization off in the guest, each plugin run once untimed first (comms.sh says why)")
@@ -129,6 +132,10 @@ def vm_rounds(a, peers):
     share = make_share("comms", "comms.sh")
     if peers:
         print(f"# peers from {peers}: {', '.join(copy_peers(peers, os.path.join(share, 'peers')))}", flush=True)
+    if a.base:
+        os.makedirs(os.path.join(share, "peers"), exist_ok=True)
+        shutil.copy(a.base, os.path.join(share, "peers", "libnccl-net-rivet-base.so"))
+        print(f"# rivet-base: {a.base}", flush=True)
     args = ["/mnt/host/comms.sh", str(a.rounds), a.comms, a.bytes, str(a.lat_iters)]
     if a.hog is not None:
         args.append(f"hog:{a.hog}")

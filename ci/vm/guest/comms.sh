@@ -4,9 +4,9 @@
 # the share: rivet, then the peers that are there (peers/libnccl-net-rdma-sharp.so, NCCL's IB
 # transport from nccl-rdma-sharp-plugins, and peers/libnccl-net-rdma-sharp-32.so, the same built
 # with NCCL_NET_MAX_REQUESTS 32; peers/libnccl-net-ofi.so, aws-ofi-nccl over libfabric's
-# verbs provider), with the settings ../shared/peers/README.md gives for Soft-RoCE. Rank 0 is on
+# verbs provider; peers/libnccl-net-rivet-base.so, another rivet build, as rivet-base), with the settings ../shared/peers/README.md gives for Soft-RoCE. Rank 0 is on
 # rxe0, rank 1 on rxe1. The plugins take turns going first. Output: each plugin's lines prefixed
-# with its name (rivet, nccl-ib, nccl-ib-32, ofi), and ROUND lines.
+# with its name (rivet, nccl-ib, nccl-ib-32, ofi, rivet-base), and ROUND lines.
 # Usage: comms.sh ROUNDS LIST BYTES LAT_ITERS [hog|hog:NICE] [warm] [fixed]
 #   hog: one busy loop per vCPU at nice 19 (hog:NICE at that niceness) for the whole run
 #   warm: `rivet perf --warm` (an untimed first pair before the timed ones)
@@ -31,6 +31,7 @@ done
 plugins=rivet
 [ -f peers/libnccl-net-rdma-sharp.so ] && plugins="$plugins nccl-ib"
 [ -f peers/libnccl-net-rdma-sharp-32.so ] && plugins="$plugins nccl-ib-32"
+[ -f peers/libnccl-net-rivet-base.so ] && plugins="$plugins rivet-base"
 if [ -f peers/libnccl-net-ofi.so ]; then
   plugins="$plugins ofi"
   # aws-ofi-nccl will not start without an up interface whose name does not start with veth (or
@@ -48,6 +49,7 @@ one() {
   name=$1
   case $1 in
     rivet) set -- env /mnt/host/rivet perf --lib /mnt/host/libnccl-net-rivet.so ;;
+    rivet-base) set -- env /mnt/host/rivet perf --lib /mnt/host/peers/libnccl-net-rivet-base.so ;;
     nccl-ib) set -- env LD_LIBRARY_PATH=$PL NCCL_IB_GID_INDEX=$G NCCL_SOCKET_IFNAME=veth0 \
                /mnt/host/rivet perf --lib /mnt/host/peers/libnccl-net-rdma-sharp.so ;;
     nccl-ib-32) set -- env LD_LIBRARY_PATH=$PL NCCL_IB_GID_INDEX=$G NCCL_SOCKET_IFNAME=veth0 \

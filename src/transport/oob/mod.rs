@@ -114,6 +114,52 @@ pub struct Link {
     /// The setup's steps so far (timed with `NCCL_DEBUG=INFO`): the transport carries them on
     /// to its connection's INFO line.
     pub steps: Steps,
+    /// A connector's link handed over before the listener's acknowledgement came
+    /// ([`Connector::ack_later`]): the transport reads it off the first stream, ahead of anything
+    /// else the listener sends there.
+    pub ack: Option<AckWait>,
+}
+
+/// The listener's acknowledgement of a connection, as it arrives on the first stream.
+pub struct AckWait {
+    conn_id: u64,
+    buf: [u8; ACK_SIZE],
+    got: usize,
+}
+
+impl AckWait {
+    fn new(conn_id: u64) -> AckWait {
+        AckWait { conn_id, buf: [0; ACK_SIZE], got: 0 }
+    }
+
+    /// Non-blocking: true once the whole acknowledgement is in and accepts the connection; an
+    /// error when it rejects it (a wrong handle magic: a usage error), is garbage, or the
+    /// listener closed the stream first.
+    pub fn read(&mut self, fd: &OwnedFd, peer: SocketAddr) -> Result<bool> {
+        while self.got < ACK_SIZE {
+            let got = self.got;
+            // SAFETY: `got < ACK_SIZE`, so `buf + got` is within `self.buf`, and recv_into may
+            // write the `ACK_SIZE - got` bytes left in that array, which nothing else touches
+            // during the call.
+            match unsafe { sock::recv_into(std::os::fd::AsRawFd::as_raw_fd(fd), self.buf.as_mut_ptr().add(got), ACK_SIZE - got) } {
+                Ok(Io::Done(n)) => self.got += n,
+                Ok(Io::WouldBlock) => return Ok(false),
+                Ok(Io::Closed) => {
+                    return Err(Error::remote(format!(
+                        "the listener at {peer} closed the connection during the handshake (see the peer's log for the reason)"
+                    )))
+                }
+                Err(e) => return Err(Error::remote(format!("handshake with {peer} failed: {e}"))),
+            }
+        }
+        match proto::decode_ack(&self.buf) {
+            Some((id, proto::ACK_OK)) if id == self.conn_id => Ok(true),
+            Some((_, proto::ACK_BAD_MAGIC)) => Err(Error::usage(format!(
+                "the listener at {peer} rejected our handle: its magic does not match that listen comm (a stale handle, or one meant for another listen call)"
+            ))),
+            _ => Err(Error::remote(format!("the listener at {peer} answered the handshake with garbage"))),
+        }
+    }
 }
 
 pub struct Listener {
@@ -124,7 +170,16 @@ pub struct Listener {
     pending: Vec<Pending>,
     groups: Vec<Group>,
     rejects: RejectLog,
+    /// Calls of [`Listener::accept_busy`] made while busy (every BUSY_ACCEPT_EVERY-th of them
+    /// looks for new connections).
+    busy_polls: u32,
 }
+
+/// While a listen comm's owner has a connection in setup, one `accept` call in this many asks
+/// the kernel for a new connection: the others would each be a system call that finds none
+/// (NCCL calls `accept` until that connection is done, and a job sets up hundreds at once),
+/// and a new connection still waits in the kernel's backlog for no more than a few calls.
+const BUSY_ACCEPT_EVERY: u32 = 8;
 
 impl Drop for Listener {
     fn drop(&mut self) {
@@ -138,7 +193,7 @@ impl Listener {
             .map_err(|e| Error::system(format!("listen on {} ({}): {e}", iface.name, iface.addr)))?;
         let magic = random_u64();
         let h = Handle { transport, magic, addr, members: 1, gids: Vec::new() };
-        Ok((Listener { fd, addr, magic, timeout, pending: Vec::new(), groups: Vec::new(), rejects: RejectLog::new() }, h))
+        Ok((Listener { fd, addr, magic, timeout, pending: Vec::new(), groups: Vec::new(), rejects: RejectLog::new(), busy_polls: 0 }, h))
     }
 
     fn reject(&mut self, p: &Pending, why: &str) {
@@ -148,7 +203,18 @@ impl Listener {
     /// Non-blocking: returns a receive connection once a connector's streams have all arrived and
     /// been acknowledged. Foreign clients, garbage and wrong handles are dropped with a WARN.
     pub fn accept(&mut self) -> Result<Option<Link>> {
-        for _ in 0..64 {
+        self.accept_busy(false)
+    }
+
+    /// [`Listener::accept`] for an owner that has `busy` connections of this listen comm in
+    /// setup still: it then looks for new ones only every few calls, but always reads the hellos
+    /// of those the kernel gave it.
+    pub fn accept_busy(&mut self, busy: bool) -> Result<Option<Link>> {
+        let look = !busy || {
+            self.busy_polls = self.busy_polls.wrapping_add(1);
+            self.busy_polls % BUSY_ACCEPT_EVERY == 0
+        };
+        for _ in 0..if look { 64 } else { 0 } {
             match sock::accept(&self.fd)? {
                 Some((fd, peer)) => {
                     if self.pending.len() >= MAX_PENDING {
@@ -290,7 +356,7 @@ impl Listener {
             sock::tune(fd, self.timeout);
         }
         g.steps.mark("ack");
-        Ok(Some(Link { fds, peer: g.peer, min_chunk: g.min_chunk, steps: g.steps }))
+        Ok(Some(Link { fds, peer: g.peer, min_chunk: g.min_chunk, steps: g.steps, ack: None }))
     }
 }
 
@@ -306,8 +372,9 @@ pub struct Connector {
     min_chunk: usize,
     streams: Vec<(OwnedFd, Stage)>,
     hellos: Vec<[u8; HELLO_SIZE]>,
-    ack: [u8; ACK_SIZE],
-    ack_got: usize,
+    ack: AckWait,
+    /// Hand the link over once the hellos are written, the acknowledgement still to read.
+    ack_later: bool,
     deadline: Instant,
     timeout: Duration,
     /// Polls that did not finish (the deadline is looked at every 16th: the clock can be a
@@ -336,8 +403,8 @@ impl Connector {
             min_chunk,
             streams,
             hellos,
-            ack: [0; ACK_SIZE],
-            ack_got: 0,
+            ack: AckWait::new(conn_id),
+            ack_later: false,
             deadline: now + timeout,
             timeout,
             polls: 0,
@@ -345,8 +412,17 @@ impl Connector {
         })
     }
 
+    /// The link is handed over as soon as every hello is written, the listener's acknowledgement
+    /// left in [`Link::ack`] for the caller to read before anything else on the first stream: a
+    /// transport that answers the listener anyway (the verbs setup's metadata) saves the round
+    /// trip of waiting for it first.
+    pub fn ack_later(mut self) -> Connector {
+        self.ack_later = true;
+        self
+    }
+
     /// Non-blocking: Some once every stream is connected, has sent its hello, and the listener
-    /// acknowledged the connection.
+    /// acknowledged the connection (or, with [`Connector::ack_later`], once the hellos are sent).
     pub fn poll(&mut self) -> Result<Option<Link>> {
         let peer = self.peer;
         let mut hellos_done = false;
@@ -374,37 +450,18 @@ impl Connector {
                 // Connected, and the last hello written into its socket in this call.
                 self.steps.mark("TCP and hello");
             }
-            let fd0 = std::os::fd::AsRawFd::as_raw_fd(&self.streams[0].0);
-            let got = self.ack_got;
-            // SAFETY: `got = self.ack_got <= ACK_SIZE`, so `ack + got` is within `self.ack` (at
-            // most one past its end, and then the length is 0), and recv_into may write the
-            // `ACK_SIZE - got` bytes left in that array, which nothing else touches during the
-            // call.
-            match unsafe { sock::recv_into(fd0, self.ack.as_mut_ptr().add(got), ACK_SIZE - got) } {
-                Ok(Io::Done(n)) => self.ack_got += n,
-                Ok(Io::WouldBlock) => {}
-                Ok(Io::Closed) => {
-                    return Err(Error::remote(format!(
-                        "the listener at {peer} closed the connection during the handshake (see the peer's log for the reason)"
-                    )))
+            if self.ack_later || self.ack.read(&self.streams[0].0, peer)? {
+                let fds: Vec<OwnedFd> = std::mem::take(&mut self.streams).into_iter().map(|(f, _)| f).collect();
+                for fd in &fds {
+                    sock::tune(fd, self.timeout);
                 }
-                Err(e) => return Err(Error::remote(format!("handshake with {peer} failed: {e}"))),
-            }
-            if self.ack_got == ACK_SIZE {
-                return match proto::decode_ack(&self.ack) {
-                    Some((id, proto::ACK_OK)) if id == self.conn_id => {
-                        let fds: Vec<OwnedFd> = std::mem::take(&mut self.streams).into_iter().map(|(f, _)| f).collect();
-                        for fd in &fds {
-                            sock::tune(fd, self.timeout);
-                        }
-                        self.steps.mark("ack");
-                        Ok(Some(Link { fds, peer, min_chunk: self.min_chunk, steps: self.steps }))
-                    }
-                    Some((_, proto::ACK_BAD_MAGIC)) => Err(Error::usage(format!(
-                        "the listener at {peer} rejected our handle: its magic does not match that listen comm (a stale handle, or one meant for another listen call)"
-                    ))),
-                    _ => Err(Error::remote(format!("the listener at {peer} answered the handshake with garbage"))),
+                let ack = if self.ack_later {
+                    Some(std::mem::replace(&mut self.ack, AckWait::new(self.conn_id)))
+                } else {
+                    self.steps.mark("ack");
+                    None
                 };
+                return Ok(Some(Link { fds, peer, min_chunk: self.min_chunk, steps: self.steps, ack }));
             }
         }
         self.polls = self.polls.wrapping_add(1);
@@ -417,3 +474,6 @@ impl Connector {
         Ok(None)
     }
 }
+
+#[cfg(test)]
+mod tests;

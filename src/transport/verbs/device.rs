@@ -118,7 +118,7 @@ struct VerbsListen {
 
 impl Listening for VerbsListen {
     fn accept(&mut self) -> Result<Option<DataPath>> {
-        while let Some(link) = self.listener.accept()? {
+        while let Some(link) = self.listener.accept_busy(!self.setups.is_empty())? {
             self.setups.push(Setup::acceptor(self.ports, &self.name, link));
         }
         for i in 0..self.setups.len() {
@@ -275,7 +275,7 @@ impl Transport for VerbsDevice {
 
     fn connect(&'static self, peer: &Handle, traffic_class: Option<u8>) -> Result<Box<dyn Dialing>> {
         let cfg = config::get();
-        let c = Connector::new(peer, 1, cfg.socket_min_chunk, cfg.timeout())?;
+        let c = Connector::new(peer, 1, cfg.socket_min_chunk, cfg.timeout())?.ack_later();
         Ok(Box::new(VerbsDial::Tcp { c: Box::new(c), ports: self.ports, name: self.name(), rem_members: peer.members as usize, tc: traffic_class }))
     }
 

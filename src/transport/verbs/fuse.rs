@@ -126,6 +126,18 @@ pub fn nqps(local: usize, remote: usize, per_member: usize, max: usize) -> usize
     (local.max(remote).max(1) * per_member.max(1)).min(max)
 }
 
+/// NCCL_IB_WARN_RAIL_LOCAL's test, as net_ib makes it on the accepting side: the two sides'
+/// devices (each host's own device indices of their members) do not all match.
+pub fn rails_differ(local: &[u8], remote: &[u8]) -> bool {
+    let common = local.iter().filter(|d| remote.contains(d)).count();
+    common < local.len().max(remote.len())
+}
+
+pub fn join(v: &[u8]) -> String {
+    v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +208,14 @@ mod tests {
         assert_eq!(born_down(3, 2, 0b01, 1, 0), 0b101, "uneven: queue pairs 0 and 2 on member 0");
         assert_eq!(born_down(4, 2, 0b01, 2, 0b10), 0b1111, "one member down on each side, crosswise");
         assert_eq!(born_down(2, 1, 0, 2, 0b10), 0b10);
+    }
+
+    #[test]
+    fn rail_local_compares_the_members_device_indices() {
+        assert!(!rails_differ(&[0], &[0]));
+        assert!(!rails_differ(&[0, 2], &[2, 0]));
+        assert!(rails_differ(&[0], &[1]));
+        assert!(rails_differ(&[0, 2], &[0]), "a member more on one side");
+        assert!(rails_differ(&[0, 2], &[1, 3]));
     }
 }

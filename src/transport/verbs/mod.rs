@@ -29,7 +29,7 @@ use crate::proto::verbs::{fifo_bytes, MemberMeta, Meta, FIFO_DEPTH, MAX_QPS, MET
 use fuse::MAX_MEMBERS;
 use crate::sys::ib::*;
 use crate::transport::oob::sock::{self, Io};
-use crate::transport::oob::Link;
+use crate::transport::oob::{AckWait, Link};
 use crate::transport::DataPath;
 use conn::Common;
 pub use device::VerbsDevice;
@@ -58,17 +58,6 @@ fn receiver_tc(fifo_tc: Option<u8>, roce: bool, sender_tc: u8) -> u8 {
 }
 
 
-/// NCCL_IB_WARN_RAIL_LOCAL's test, as net_ib makes it on the accepting side: the two sides'
-/// devices (each host's own device indices of their members) do not all match.
-fn rails_differ(local: &[u8], remote: &[u8]) -> bool {
-    let common = local.iter().filter(|d| remote.contains(d)).count();
-    common < local.len().max(remote.len())
-}
-
-fn join(v: &[u8]) -> String {
-    v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
-}
-
 /// Local resources of a connection before its QPs are connected.
 enum Local {
     Send { qps: Vec<QpInit>, cqs: Vec<Cq>, mem: [Held; 2], parts: send::Parts },
@@ -96,6 +85,9 @@ pub struct Setup {
     rem_members: usize,
     send: bool,
     fd: Option<OwnedFd>,
+    /// The connector's: the listener's acknowledgement, not yet read (it comes before the
+    /// listener's metadata).
+    ack: Option<AckWait>,
     peer: SocketAddr,
     // Connected QPs drop before `local`, which holds their CQ.
     connected: Option<Vec<QpRts>>,
@@ -178,6 +170,7 @@ impl Setup {
             rem_members: 1,
             send,
             fd: link.fds.drain(..).next(),
+            ack: link.ack.take(),
             peer: link.peer,
             local: None,
             connected: None,
@@ -561,11 +554,11 @@ impl Setup {
                     if config::get().ib_warn_rail_local {
                         let local: Vec<u8> = self.ports.iter().map(|p| p.index).collect();
                         let remote: Vec<u8> = (0..m.members()).map(|i| m.member(i).dev_index).collect();
-                        if rails_differ(&local, &remote) {
+                        if fuse::rails_differ(&local, &remote) {
                             log::info!(
                                 "NET/rivet: there are mismatched physical devices between local ({}) and remote ({}) (the connection from {} on {}); to disable this message, set NCCL_IB_WARN_RAIL_LOCAL=0",
-                                join(&local),
-                                join(&remote),
+                                fuse::join(&local),
+                                fuse::join(&remote),
                                 self.peer,
                                 self.name
                             );
@@ -580,7 +573,18 @@ impl Setup {
                     self.step = Step::Exchange;
                 }
                 Step::Exchange => {
-                    if !self.write_out()? {
+                    let written = self.write_out();
+                    if let Some(a) = self.ack.as_mut() {
+                        // A rejection of our handle closes the stream: its reason is in the ack,
+                        // ahead of the failed write's.
+                        if !a.read(self.fd.as_ref().unwrap(), self.peer)? {
+                            written?;
+                            return self.fail_if_late().map(|_| None);
+                        }
+                        self.ack = None;
+                        self.steps.mark("ack");
+                    }
+                    if !written? {
                         return self.fail_if_late().map(|_| None);
                     }
                     if self.send {
@@ -684,14 +688,5 @@ mod qos_tests {
         assert_eq!(receiver_tc(Some(8), true, 106), 8, "NCCL_IB_FIFO_TC on RoCE");
         assert_eq!(receiver_tc(Some(8), false, 106), 106, "not on InfiniBand");
         assert_eq!(receiver_tc(None, true, 106), 106);
-    }
-
-    #[test]
-    fn rail_local_compares_the_members_device_indices() {
-        assert!(!rails_differ(&[0], &[0]));
-        assert!(!rails_differ(&[0, 2], &[2, 0]));
-        assert!(rails_differ(&[0], &[1]));
-        assert!(rails_differ(&[0, 2], &[0]), "a member more on one side");
-        assert!(rails_differ(&[0, 2], &[1, 3]));
     }
 }
