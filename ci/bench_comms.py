@@ -23,7 +23,8 @@ each plugin once, untimed, before the rounds (the emulator translates a new proc
 its first run unless it sits where the last one's did: the first connection without that cost,
 which hardware does not have). `--base LIB` adds another rivet build (e.g. the last commit's
 libnccl_net_rivet.so, copied aside before building this one) as plugin rivet-base, taking turns
-with the others in the same run: a change measured against what it changes. All rows: target/vm/comms.log (or target/comms-tcp.log).
+with the others in the same run: a change measured against what it changes. All rows:
+target/vm/comms.log (or target/comms-tcp.log).
 """
 import argparse, os, re, shutil, statistics, subprocess, sys
 from benchlib import make_share

@@ -4,9 +4,10 @@
 # the share: rivet, then the peers that are there (peers/libnccl-net-rdma-sharp.so, NCCL's IB
 # transport from nccl-rdma-sharp-plugins, and peers/libnccl-net-rdma-sharp-32.so, the same built
 # with NCCL_NET_MAX_REQUESTS 32; peers/libnccl-net-ofi.so, aws-ofi-nccl over libfabric's
-# verbs provider; peers/libnccl-net-rivet-base.so, another rivet build, as rivet-base), with the settings ../shared/peers/README.md gives for Soft-RoCE. Rank 0 is on
-# rxe0, rank 1 on rxe1. The plugins take turns going first. Output: each plugin's lines prefixed
-# with its name (rivet, nccl-ib, nccl-ib-32, ofi, rivet-base), and ROUND lines.
+# verbs provider; peers/libnccl-net-rivet-base.so, another rivet build, as rivet-base), with the
+# settings ../shared/peers/README.md gives for Soft-RoCE. Rank 0 is on rxe0, rank 1 on rxe1. The
+# plugins take turns going first. Output: each plugin's lines prefixed with its name (rivet,
+# nccl-ib, nccl-ib-32, ofi, rivet-base), and ROUND lines.
 # Usage: comms.sh ROUNDS LIST BYTES LAT_ITERS [hog|hog:NICE] [warm] [fixed]
 #   hog: one busy loop per vCPU at nice 19 (hog:NICE at that niceness) for the whole run
 #   warm: `rivet perf --warm` (an untimed first pair before the timed ones)

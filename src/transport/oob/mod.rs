@@ -456,7 +456,8 @@ impl Connector {
                     sock::tune(fd, self.timeout);
                 }
                 let ack = if self.ack_later {
-                    Some(std::mem::replace(&mut self.ack, AckWait::new(self.conn_id)))
+                    // Not read here at all: the caller's to read, from its first byte.
+                    Some(AckWait::new(self.conn_id))
                 } else {
                     self.steps.mark("ack");
                     None

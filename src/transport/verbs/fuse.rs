@@ -133,10 +133,10 @@ pub fn rails_differ(local: &[u8], remote: &[u8]) -> bool {
     common < local.len().max(remote.len())
 }
 
+/// Device indices as the rail-local message prints them: "0,2".
 pub fn join(v: &[u8]) -> String {
     v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
 }
-
 
 #[cfg(test)]
 mod tests {
